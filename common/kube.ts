@@ -1,0 +1,105 @@
+// Kubernetes access shared by the bridge and the operator: loading credentials, building API
+// clients with a per-request timeout, and turning client errors into the API's error types.
+import * as k8s from '@kubernetes/client-node';
+import { BridgeError } from './errors.js';
+
+/** In-cluster credentials when running in a pod, otherwise KUBECONFIG / ~/.kube/config. */
+export function loadKubeConfig(kubeconfigPath?: string): k8s.KubeConfig {
+  const kc = new k8s.KubeConfig();
+  if (kubeconfigPath) kc.loadFromFile(kubeconfigPath);
+  else kc.loadFromDefault();
+  if (!kc.getCurrentCluster()) throw new Error('no Kubernetes cluster configured (KUBECONFIG or in-cluster service account)');
+  return kc;
+}
+
+type ApiConstructor<T> = new (config: k8s.Configuration) => T;
+
+/**
+ * Like KubeConfig.makeApiClient, plus a timeout on every request: an API server that accepts
+ * the connection and never answers must become a 503, not a hung request.
+ */
+export function makeApiClient<T>(kc: k8s.KubeConfig, api: ApiConstructor<T>, timeoutMs: number): T {
+  const cluster = kc.getCurrentCluster();
+  if (!cluster) throw new Error('no active Kubernetes cluster in the kubeconfig');
+  const timeout: k8s.ObservableMiddleware = {
+    pre: (ctx) => {
+      ctx.setSignal(AbortSignal.timeout(timeoutMs));
+      return new k8s.Observable(Promise.resolve(ctx));
+    },
+    post: (res) => new k8s.Observable(Promise.resolve(res)),
+  };
+  const config = k8s.createConfiguration({
+    baseServer: new k8s.ServerConfiguration(cluster.server, {}),
+    authMethods: { default: kc },
+    middleware: [timeout],
+  });
+  return new api(config);
+}
+
+/** HTTP status of a Kubernetes API error, or undefined for transport failures. */
+export function apiStatusCode(err: unknown): number | undefined {
+  if (err instanceof k8s.ApiException) return err.code;
+  const code = (err as { statusCode?: unknown; code?: unknown } | null)?.statusCode ?? (err as { code?: unknown } | null)?.code;
+  return typeof code === 'number' ? code : undefined;
+}
+
+export function isNotFound(err: unknown): boolean {
+  return apiStatusCode(err) === 404;
+}
+
+export function isConflict(err: unknown): boolean {
+  return apiStatusCode(err) === 409;
+}
+
+/** The message of a Kubernetes Status body, when the error carries one. */
+export function apiMessage(err: unknown): string {
+  if (err instanceof k8s.ApiException) {
+    const body: unknown = err.body;
+    if (typeof body === 'string') {
+      try {
+        const status = JSON.parse(body) as { message?: string };
+        if (status.message) return status.message;
+      } catch {
+        return body;
+      }
+    }
+    if (body && typeof body === 'object' && 'message' in body) return String((body as { message: unknown }).message);
+  }
+  return err instanceof Error ? err.message : String(err);
+}
+
+/**
+ * Maps an error from the Kubernetes client to the API's error types. `what` names the
+ * operation for the message ("create box", "list nodes").
+ */
+export function toBridgeError(err: unknown, what: string): BridgeError {
+  if (err instanceof BridgeError) return err;
+  const code = apiStatusCode(err);
+  const message = apiMessage(err);
+  switch (code) {
+    case undefined:
+      return new BridgeError('cluster_unavailable', `${what}: Kubernetes API unreachable (${message})`, { cause: err });
+    case 400:
+    case 422:
+      return new BridgeError('invalid_request', `${what}: ${message}`, { cause: err });
+    case 401:
+    case 403:
+      return new BridgeError('forbidden', `${what}: the bridge's Kubernetes permissions do not allow this (${message})`, {
+        cause: err,
+      });
+    case 404:
+      return new BridgeError('not_found', `${what}: ${message}`, { cause: err });
+    case 409:
+      return new BridgeError('conflict', `${what}: ${message}`, { cause: err });
+    case 429:
+    case 500:
+    case 502:
+    case 503:
+    case 504:
+      return new BridgeError('cluster_unavailable', `${what}: Kubernetes API unavailable (${code}: ${message})`, {
+        cause: err,
+      });
+    default:
+      return new BridgeError('internal_error', `${what}: Kubernetes API error ${code}: ${message}`, { cause: err });
+  }
+}

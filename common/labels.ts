@@ -1,0 +1,48 @@
+// The one place for the names sandbox-bridge stamps on Kubernetes objects.
+import { createHash } from 'node:crypto';
+
+export const API_GROUP = 'sandbox-bridge.io';
+export const MANAGED_BY = 'sandbox-bridge';
+
+export const LABELS = {
+  managedBy: 'app.kubernetes.io/managed-by',
+  component: 'app.kubernetes.io/component',
+  /** Every box pod (and its env Secret) carries `sandbox-bridge.io/box=true`. */
+  box: `${API_GROUP}/box`,
+  /** Name of the SandboxPool a box or child object belongs to. */
+  pool: `${API_GROUP}/pool`,
+  /** Session ids are free-form, so pods carry a hash of it: `kubectl get pods -l sandbox-bridge.io/session=<hash>`. */
+  session: `${API_GROUP}/session`,
+  /** Which of the session's slots (0..maxBoxesPerSession-1) the box occupies. */
+  slot: `${API_GROUP}/slot`,
+} as const;
+
+export const ANNOTATIONS = {
+  /** The session id verbatim. */
+  sessionId: `${API_GROUP}/session-id`,
+  /** RFC 3339 instant after which the operator deletes the box. */
+  expiresAt: `${API_GROUP}/expires-at`,
+  ttlSeconds: `${API_GROUP}/ttl-seconds`,
+} as const;
+
+/** Label selector matching every box pod. */
+export const BOX_SELECTOR = `${LABELS.box}=true`;
+
+/** Stable, label-safe digest of a session id (12 hex chars of SHA-256). */
+export function sessionHash(sessionId: string): string {
+  return createHash('sha256').update(sessionId).digest('hex').slice(0, 12);
+}
+
+/**
+ * Deterministic box name for a session's slot: `<prefix>-<session-hash>-<slot>`. Two replicas
+ * creating the same slot at once collide on the name, so the API server makes the per-session
+ * cap atomic.
+ */
+export function boxName(prefix: string, sessionId: string, slot: number): string {
+  return `${prefix}-${sessionHash(sessionId)}-${slot}`;
+}
+
+/** Name of the Secret holding a box's environment variables. */
+export function envSecretName(boxId: string): string {
+  return `${boxId}-env`;
+}

@@ -1,0 +1,129 @@
+// Helpers for integration tests against the local cluster that jest's globalSetup starts.
+// Every test creates its own namespace and deletes it afterwards.
+import { randomBytes } from 'node:crypto';
+import { Writable } from 'node:stream';
+import * as k8s from '@kubernetes/client-node';
+
+export function testKubeConfig(): k8s.KubeConfig {
+  const path = process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG;
+  if (!path) throw new Error('SANDBOX_BRIDGE_TEST_KUBECONFIG is unset: run integration tests through `npm test`');
+  const kc = new k8s.KubeConfig();
+  kc.loadFromFile(path);
+  return kc;
+}
+
+/** A namespace of this test's own, named `<prefix>-<random>`. */
+export async function createTestNamespace(
+  kc: k8s.KubeConfig,
+  prefix: string,
+  labels: Record<string, string> = {},
+): Promise<string> {
+  const core = kc.makeApiClient(k8s.CoreV1Api);
+  const name = `${prefix}-${randomBytes(3).toString('hex')}`;
+  await core.createNamespace({ body: { metadata: { name, labels: { 'sandbox-bridge.io/test': 'true', ...labels } } } });
+  return name;
+}
+
+export async function deleteTestNamespace(kc: k8s.KubeConfig, name: string): Promise<void> {
+  const core = kc.makeApiClient(k8s.CoreV1Api);
+  await core.deleteNamespace({ name, propagationPolicy: 'Background' }).catch((err: unknown) => {
+    if (!(err instanceof k8s.ApiException && err.code === 404)) throw err;
+  });
+}
+
+/** Polls `probe` until it returns a value other than undefined, or fails after `timeoutMs`. */
+export async function waitFor<T>(
+  what: string,
+  probe: () => Promise<T | undefined>,
+  { timeoutMs = 30_000, intervalMs = 100 } = {},
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let lastError: unknown;
+  while (Date.now() < deadline) {
+    try {
+      const value = await probe();
+      if (value !== undefined) return value;
+    } catch (err) {
+      lastError = err;
+    }
+    await new Promise((resolve) => setTimeout(resolve, intervalMs));
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${lastError ? `: ${String(lastError)}` : ''}`);
+}
+
+/** A pod spec that passes the `restricted` Pod Security level. */
+export function restrictedPod(name: string, overrides: Partial<k8s.V1PodSpec> = {}): k8s.V1Pod {
+  return {
+    metadata: { name },
+    spec: {
+      automountServiceAccountToken: false,
+      enableServiceLinks: false,
+      securityContext: {
+        runAsNonRoot: true,
+        runAsUser: 65534,
+        runAsGroup: 65534,
+        seccompProfile: { type: 'RuntimeDefault' },
+      },
+      containers: [
+        {
+          name: 'box',
+          image: 'sandbox-bridge/box:dev',
+          command: ['sleep', 'infinity'],
+          securityContext: {
+            allowPrivilegeEscalation: false,
+            readOnlyRootFilesystem: true,
+            capabilities: { drop: ['ALL'] },
+          },
+        },
+      ],
+      ...overrides,
+    },
+  };
+}
+
+export interface ExecResult {
+  stdout: string;
+  stderr: string;
+  status: k8s.V1Status;
+}
+
+/** Runs argv in a pod through the API server's exec subresource and collects its output. */
+export async function execInPod(
+  kc: k8s.KubeConfig,
+  namespace: string,
+  pod: string,
+  container: string,
+  argv: string[],
+): Promise<ExecResult> {
+  const out: Buffer[] = [];
+  const err: Buffer[] = [];
+  const sink = (chunks: Buffer[]) =>
+    new Writable({
+      write(chunk: Buffer, _enc, done) {
+        chunks.push(chunk);
+        done();
+      },
+    });
+  return new Promise<ExecResult>((resolve, reject) => {
+    let status: k8s.V1Status | undefined;
+    new k8s.Exec(kc)
+      .exec(namespace, pod, container, argv, sink(out), sink(err), null, false, (s) => {
+        status = s;
+      })
+      .then((ws) => {
+        ws.on('error', reject);
+        ws.on('close', () => {
+          if (!status) return reject(new Error('exec stream closed without a status frame'));
+          resolve({ stdout: Buffer.concat(out).toString(), stderr: Buffer.concat(err).toString(), status });
+        });
+      }, reject);
+  });
+}
+
+/** The exit code a V1Status from the exec status channel reports. */
+export function exitCodeOf(status: k8s.V1Status): number {
+  if (status.status === 'Success') return 0;
+  const cause = status.details?.causes?.find((c) => c.reason === 'ExitCode');
+  if (cause?.message === undefined) throw new Error(`exec failed: ${status.message ?? JSON.stringify(status)}`);
+  return Number(cause.message);
+}
