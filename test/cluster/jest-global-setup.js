@@ -34,4 +34,11 @@ export default async function globalSetup() {
     globalThis.__sandboxBridgeStartedCluster = true;
   }
   process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG = kubeconfig;
+
+  // Tests that run the bridge or operator as real processes start them from dist/.
+  const build = spawnSync(join(root, 'node_modules/.bin/tsc'), ['-p', 'tsconfig.build.json'], {
+    cwd: root,
+    stdio: ['ignore', 'inherit', 'inherit'],
+  });
+  if (build.status !== 0) throw new Error('tsc -p tsconfig.build.json failed');
 }
