@@ -61,6 +61,12 @@ export interface SandboxPoolStatus {
   conditions?: V1Condition[];
   activeBoxes?: number;
   totalBoxesCreated?: number;
+  /**
+   * Written by the operator: the newest box creation already counted into totalBoxesCreated
+   * (creationTimestamp, second resolution, and the UIDs counted within that second), so a
+   * restarted or new leader continues the count without counting a box twice.
+   */
+  boxCountWatermark?: { creationTimestamp: string; uids: string[] };
 }
 
 export interface SandboxPool {
