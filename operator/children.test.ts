@@ -1,0 +1,107 @@
+import { POOL_DEFAULTS, type SandboxPool } from '../common/pool.js';
+import {
+  APPLIED_HASH_ANNOTATION,
+  CHILD_NAMES,
+  covers,
+  desiredLimitRange,
+  desiredNamespace,
+  desiredNetworkPolicy,
+  desiredResourceQuota,
+  isUpToDate,
+} from './children.js';
+
+function pool(spec: Partial<SandboxPool['spec']> = {}): SandboxPool {
+  return {
+    apiVersion: 'sandbox-bridge.io/v1alpha1',
+    kind: 'SandboxPool',
+    metadata: { name: 'p1', uid: 'uid-1', generation: 1 },
+    spec: { ...structuredClone(POOL_DEFAULTS), namespace: 'boxes', ...spec },
+  };
+}
+
+const owner = { apiVersion: 'sandbox-bridge.io/v1alpha1', kind: 'SandboxPool', name: 'p1', uid: 'uid-1', controller: true, blockOwnerDeletion: true };
+
+test('namespace carries the pod-security labels at the pool level and is owned only when allowed', () => {
+  const ns = desiredNamespace(pool({ podSecurityLevel: 'baseline' }), true);
+  expect(ns.metadata.name).toBe('boxes');
+  expect(ns.metadata.labels).toMatchObject({
+    'pod-security.kubernetes.io/enforce': 'baseline',
+    'pod-security.kubernetes.io/audit': 'baseline',
+    'pod-security.kubernetes.io/warn': 'baseline',
+    'app.kubernetes.io/managed-by': 'sandbox-bridge',
+    'sandbox-bridge.io/pool': 'p1',
+  });
+  expect(ns.metadata.ownerReferences).toEqual([owner]);
+  expect(desiredNamespace(pool(), false).metadata.ownerReferences).toBeUndefined();
+});
+
+test('resource quota caps pods at maxBoxes and adds cpu/memory totals only when set', () => {
+  expect(desiredResourceQuota(pool({ maxBoxes: 7 })).spec).toEqual({ hard: { pods: '7' } });
+  const rq = desiredResourceQuota(pool({ quota: { cpu: '8', memory: '16Gi' } }));
+  expect(rq.metadata).toMatchObject({ name: CHILD_NAMES.resourceQuota, namespace: 'boxes', ownerReferences: [owner] });
+  expect(rq.spec).toEqual({ hard: { pods: '50', 'limits.cpu': '8', 'limits.memory': '16Gi' } });
+});
+
+test('limit range matches the box maxima and defaults', () => {
+  const lr = desiredLimitRange(pool());
+  expect(lr.spec).toEqual({
+    limits: [
+      {
+        type: 'Container',
+        max: { cpu: '4', memory: '4Gi' },
+        _default: { cpu: '1', memory: '512Mi' },
+        defaultRequest: { cpu: '1', memory: '512Mi' },
+      },
+    ],
+  });
+});
+
+test('network policy denies ingress and allows DNS plus allowed-minus-denied egress', () => {
+  const np = desiredNetworkPolicy(pool());
+  expect(np.spec).toEqual({
+    podSelector: {},
+    policyTypes: ['Ingress', 'Egress'],
+    egress: [
+      {
+        to: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'kube-system' } } }],
+        ports: [
+          { protocol: 'UDP', port: 53 },
+          { protocol: 'TCP', port: 53 },
+        ],
+      },
+      { to: [{ ipBlock: { cidr: '0.0.0.0/0', except: ['169.254.169.254/32', '169.254.0.0/16'] } }] },
+    ],
+  });
+});
+
+test('with nothing allowed, only DNS egress remains (never an empty `to`, which would allow all)', () => {
+  const np = desiredNetworkPolicy(pool({ egress: { allowedCIDRs: [], deniedCIDRs: [] } }));
+  expect((np.spec as { egress: unknown[] }).egress).toHaveLength(1);
+});
+
+test('the applied hash changes with the desired content', () => {
+  const a = desiredResourceQuota(pool({ quota: { cpu: '8' } })).metadata.annotations?.[APPLIED_HASH_ANNOTATION];
+  const b = desiredResourceQuota(pool()).metadata.annotations?.[APPLIED_HASH_ANNOTATION];
+  expect(a).toMatch(/^[0-9a-f]{16}$/);
+  expect(a).not.toBe(b);
+});
+
+test('covers compares desired fields only, quantities by value', () => {
+  expect(covers({ a: { cpu: '500m', extra: 1 }, b: [1, 2] }, { a: { cpu: '0.5' }, b: [1, 2] })).toBe(true);
+  expect(covers({ a: { cpu: '1' } }, { a: { cpu: '2' } })).toBe(false);
+  expect(covers({ b: [1, 2, 3] }, { b: [1, 2] })).toBe(false);
+  expect(covers({ l: 'restricted' }, { l: 'baseline' })).toBe(false);
+  expect(covers(undefined, { a: 1 })).toBe(false);
+});
+
+test('isUpToDate needs the same hash and the desired fields', () => {
+  const desired = desiredResourceQuota(pool());
+  const live = structuredClone(desired) as typeof desired & { status?: unknown };
+  live.status = { used: { pods: '3' } };
+  expect(isUpToDate(desired, live)).toBe(true);
+  expect(isUpToDate(desired, { ...live, spec: { hard: { pods: '100' } } } as typeof live)).toBe(false);
+  const stale = structuredClone(live);
+  stale.metadata.annotations = {};
+  expect(isUpToDate(desired, stale)).toBe(false);
+  expect(isUpToDate(desired, undefined)).toBe(false);
+});

@@ -1,0 +1,173 @@
+// Pure builders of the objects a SandboxPool owns. Names are deterministic (one pool per
+// namespace), so reconciling is "apply these four objects" with no lookups. Each carries a hash
+// of its desired content so a spec change that *removes* a field is noticed (a subset
+// comparison with the live object alone would miss it).
+import { createHash } from 'node:crypto';
+import type * as k8s from '@kubernetes/client-node';
+import { LABELS, MANAGED_BY, API_GROUP } from '../common/labels.js';
+import { POOL_API_VERSION, POOL_KIND, type SandboxPool } from '../common/pool.js';
+import { parseQuantity } from '../common/quantity.js';
+import { egressIpBlocks } from './cidr.js';
+
+export const CHILD_NAMES = {
+  resourceQuota: 'sandbox-bridge-quota',
+  limitRange: 'sandbox-bridge-limits',
+  networkPolicy: 'sandbox-bridge-boxes',
+} as const;
+
+export const APPLIED_HASH_ANNOTATION = `${API_GROUP}/applied-hash`;
+
+/** Selects the objects the operator manages; children also carry the pool label. */
+export const CHILD_SELECTOR = `${LABELS.managedBy}=${MANAGED_BY},${LABELS.pool}`;
+
+export type Child = k8s.KubernetesObject & { apiVersion: string; kind: string; metadata: k8s.V1ObjectMeta; spec?: unknown };
+
+export function ownerReference(pool: SandboxPool): k8s.V1OwnerReference {
+  return {
+    apiVersion: POOL_API_VERSION,
+    kind: POOL_KIND,
+    name: pool.metadata.name,
+    uid: pool.metadata.uid ?? '',
+    controller: true,
+    blockOwnerDeletion: true,
+  };
+}
+
+function meta(pool: SandboxPool, name: string, namespace?: string, owned = true): k8s.V1ObjectMeta {
+  return {
+    name,
+    ...(namespace ? { namespace } : {}),
+    labels: { [LABELS.managedBy]: MANAGED_BY, [LABELS.pool]: pool.metadata.name },
+    ...(owned ? { ownerReferences: [ownerReference(pool)] } : {}),
+  };
+}
+
+/**
+ * The sandbox namespace with Pod Security labels. `owned` is false for a namespace that existed
+ * before the pool (and is not already the pool's): the operator labels it but does not take
+ * ownership, or deleting the pool would garbage-collect someone else's namespace.
+ */
+export function desiredNamespace(pool: SandboxPool, owned: boolean): Child {
+  const level = pool.spec.podSecurityLevel;
+  const m = meta(pool, pool.spec.namespace, undefined, owned);
+  m.labels = {
+    ...m.labels,
+    'pod-security.kubernetes.io/enforce': level,
+    'pod-security.kubernetes.io/enforce-version': 'latest',
+    'pod-security.kubernetes.io/audit': level,
+    'pod-security.kubernetes.io/audit-version': 'latest',
+    'pod-security.kubernetes.io/warn': level,
+    'pod-security.kubernetes.io/warn-version': 'latest',
+  };
+  return withHash({ apiVersion: 'v1', kind: 'Namespace', metadata: m });
+}
+
+/** pods = maxBoxes makes the global cap atomic at admission; cpu/memory totals when set. */
+export function desiredResourceQuota(pool: SandboxPool): Child {
+  const hard: Record<string, string> = { pods: String(pool.spec.maxBoxes) };
+  if (pool.spec.quota?.cpu) hard['limits.cpu'] = pool.spec.quota.cpu;
+  if (pool.spec.quota?.memory) hard['limits.memory'] = pool.spec.quota.memory;
+  return withHash({
+    apiVersion: 'v1',
+    kind: 'ResourceQuota',
+    metadata: meta(pool, CHILD_NAMES.resourceQuota, pool.spec.namespace),
+    spec: { hard },
+  });
+}
+
+/** Per-container maxima, and defaults for containers that name none (needed once a cpu/memory quota exists). */
+export function desiredLimitRange(pool: SandboxPool): Child {
+  const { defaultCpu, maxCpu, defaultMemory, maxMemory } = pool.spec.box;
+  return withHash({
+    apiVersion: 'v1',
+    kind: 'LimitRange',
+    metadata: meta(pool, CHILD_NAMES.limitRange, pool.spec.namespace),
+    spec: {
+      limits: [
+        {
+          type: 'Container',
+          max: { cpu: maxCpu, memory: maxMemory },
+          // client-node's model names this field `_default` (serialized as `default`), both
+          // when sending and in the cache, so the typed name keeps the comparison exact.
+          _default: { cpu: defaultCpu, memory: defaultMemory },
+          defaultRequest: { cpu: defaultCpu, memory: defaultMemory },
+        },
+      ],
+    },
+  });
+}
+
+/**
+ * Every pod in the (dedicated) sandbox namespace: no ingress at all; egress to cluster DNS in
+ * kube-system on port 53, and to the allowed CIDRs minus the denied ones.
+ */
+export function desiredNetworkPolicy(pool: SandboxPool): Child {
+  const blocks = egressIpBlocks(pool.spec.egress.allowedCIDRs, pool.spec.egress.deniedCIDRs);
+  const egress: k8s.V1NetworkPolicyEgressRule[] = [
+    {
+      to: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'kube-system' } } }],
+      ports: [
+        { protocol: 'UDP', port: 53 },
+        { protocol: 'TCP', port: 53 },
+      ],
+    },
+  ];
+  // A rule with an empty `to` would allow every destination, so none is written when nothing is allowed.
+  if (blocks.length) egress.push({ to: blocks.map((ipBlock) => ({ ipBlock })) });
+  return withHash({
+    apiVersion: 'networking.k8s.io/v1',
+    kind: 'NetworkPolicy',
+    metadata: meta(pool, CHILD_NAMES.networkPolicy, pool.spec.namespace),
+    spec: { podSelector: {}, policyTypes: ['Ingress', 'Egress'], egress },
+  });
+}
+
+export function desiredChildren(pool: SandboxPool, namespaceOwned: boolean): Child[] {
+  return [
+    desiredNamespace(pool, namespaceOwned),
+    desiredResourceQuota(pool),
+    desiredLimitRange(pool),
+    desiredNetworkPolicy(pool),
+  ];
+}
+
+function withHash(child: Child): Child {
+  const hash = createHash('sha256').update(JSON.stringify(child)).digest('hex').slice(0, 16);
+  child.metadata.annotations = { ...child.metadata.annotations, [APPLIED_HASH_ANNOTATION]: hash };
+  return child;
+}
+
+/**
+ * True when the live object already is what we would apply: it carries the hash of the same
+ * desired object and every desired field has the same value (quantities compared by value, since
+ * the API server rewrites "0.5" as "500m"). Fields others added are left alone, as server-side
+ * apply would leave them.
+ */
+export function isUpToDate(desired: Child, live: k8s.KubernetesObject | undefined): boolean {
+  if (!live) return false;
+  const hash = desired.metadata.annotations?.[APPLIED_HASH_ANNOTATION];
+  if (live.metadata?.annotations?.[APPLIED_HASH_ANNOTATION] !== hash) return false;
+  return covers(live, desired);
+}
+
+export function covers(actual: unknown, desired: unknown): boolean {
+  if (desired === null || desired === undefined) return true;
+  if (Array.isArray(desired)) {
+    return Array.isArray(actual) && actual.length === desired.length && desired.every((d, i) => covers(actual[i], d));
+  }
+  if (typeof desired === 'object') {
+    if (typeof actual !== 'object' || actual === null || Array.isArray(actual)) return false;
+    return Object.entries(desired).every(([k, v]) => covers((actual as Record<string, unknown>)[k], v));
+  }
+  if (actual === desired) return true;
+  if (typeof desired === 'string' && typeof actual === 'string') return sameQuantity(actual, desired);
+  return false;
+}
+
+function sameQuantity(a: string, b: string): boolean {
+  try {
+    return parseQuantity(a) === parseQuantity(b);
+  } catch {
+    return false;
+  }
+}

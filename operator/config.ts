@@ -1,0 +1,43 @@
+// Operator configuration from the environment, validated up front so a bad value stops the
+// process with a message naming the variable instead of failing later.
+import { hostname } from 'node:os';
+import { randomUUID } from 'node:crypto';
+import { z } from 'zod';
+import { LOG_LEVELS } from '../common/logger.js';
+
+const port = z.coerce.number().int().min(1).max(65535);
+const positiveInt = z.coerce.number().int().positive();
+
+export const ConfigSchema = z.object({
+  KUBECONFIG: z.string().min(1).optional(),
+  LOG_LEVEL: z.enum(LOG_LEVELS).default('info'),
+  METRICS_PORT: port.default(9090),
+  METRICS_HOST: z.string().min(1).default('0.0.0.0'),
+  LEASE_NAMESPACE: z.string().regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be a namespace name').default('default'),
+  LEASE_NAME: z.string().regex(/^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$/, 'must be a DNS subdomain').default('sandbox-bridge-operator'),
+  POD_NAME: z.string().min(1).optional(),
+  LEASE_DURATION_SECONDS: positiveInt.default(10),
+  LEASE_RENEW_SECONDS: positiveInt.default(2),
+  WORKERS: positiveInt.max(32).default(2),
+  REAP_CONCURRENCY: positiveInt.max(256).default(32),
+  REAP_BATCH: positiveInt.default(1000),
+  ORPHAN_SECRET_GRACE_SECONDS: z.coerce.number().int().min(0).default(30),
+});
+
+export type OperatorConfig = z.infer<typeof ConfigSchema> & { identity: string };
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): OperatorConfig {
+  const parsed = ConfigSchema.safeParse(env);
+  if (!parsed.success) {
+    const problems = parsed.error.issues.map((i) => `  ${i.path.join('.')}: ${i.message}`).join('\n');
+    throw new ConfigError(`invalid operator configuration:\n${problems}`);
+  }
+  const c = parsed.data;
+  if (c.LEASE_RENEW_SECONDS * 2 > c.LEASE_DURATION_SECONDS) {
+    throw new ConfigError('invalid operator configuration:\n  LEASE_RENEW_SECONDS must be at most half of LEASE_DURATION_SECONDS');
+  }
+  // Unique per process even when two replicas share a host name (client-go does the same).
+  return { ...c, identity: `${c.POD_NAME ?? hostname()}_${randomUUID().slice(0, 8)}` };
+}
+
+export class ConfigError extends Error {}

@@ -1,0 +1,194 @@
+// Wires watches to the work queue and the queue to the reconciler. Every watched object maps to
+// the name of the pool it belongs to (pool itself; pool label on children; namespace for boxes
+// and Secrets) and that name is queued; the queue collapses bursts into one reconcile.
+// Caches run on every replica (a standby takes over warm); workers only on the leader.
+import * as k8s from '@kubernetes/client-node';
+import type { Logger } from 'pino';
+import { ResilientInformer } from '../common/informer.js';
+import { makeApiClient } from '../common/kube.js';
+import { BOX_SELECTOR, LABELS } from '../common/labels.js';
+import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool } from '../common/pool.js';
+import { CHILD_SELECTOR } from './children.js';
+import { EventRecorder } from './events.js';
+import type { OperatorMetrics } from './metrics.js';
+import { PoolReconciler, SeenBoxes, type Caches, type Lister } from './pool-reconciler.js';
+import { WorkQueue } from './work-queue.js';
+
+export interface ControllerOptions {
+  kc: k8s.KubeConfig;
+  log: Logger;
+  metrics: OperatorMetrics;
+  identity: string;
+  workers?: number;
+  maxReapsPerPass?: number;
+  deleteConcurrency?: number;
+  orphanGraceMs?: number;
+}
+
+const LIST_TIMEOUT_MS = 120_000;
+
+export class Controller {
+  private readonly log: Logger;
+  private readonly informers: Array<ResilientInformer<k8s.KubernetesObject>> = [];
+  private readonly pools: ResilientInformer<SandboxPool & k8s.KubernetesObject>;
+  private readonly pods: ResilientInformer<k8s.V1Pod>;
+  private readonly reconciler: PoolReconciler;
+  private readonly seenBoxes = new SeenBoxes();
+  private queue: WorkQueue | undefined;
+  private running: Array<Promise<void>> = [];
+  private synced: Promise<void> | undefined;
+
+  constructor(private readonly o: ControllerOptions) {
+    this.log = o.log.child({ component: 'controller' });
+    const core = makeApiClient(o.kc, k8s.CoreV1Api, LIST_TIMEOUT_MS);
+    const net = makeApiClient(o.kc, k8s.NetworkingV1Api, LIST_TIMEOUT_MS);
+    const custom = makeApiClient(o.kc, k8s.CustomObjectsApi, LIST_TIMEOUT_MS);
+    const informer = <T extends k8s.KubernetesObject>(
+      path: string,
+      list: () => Promise<k8s.KubernetesListObject<T>>,
+      labelSelector?: string,
+    ) => {
+      const inf = new ResilientInformer<T>({ kc: o.kc, path, list, log: this.log, ...(labelSelector ? { labelSelector } : {}) });
+      this.informers.push(inf as unknown as ResilientInformer<k8s.KubernetesObject>);
+      return inf;
+    };
+
+    this.pools = informer(
+      `/apis/${POOL_GROUP}/${POOL_VERSION}/${POOL_PLURAL}`,
+      () => custom.listClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL }),
+    );
+    this.pods = informer('/api/v1/pods', () => core.listPodForAllNamespaces({ labelSelector: BOX_SELECTOR }), BOX_SELECTOR);
+    const secrets = informer('/api/v1/secrets', () => core.listSecretForAllNamespaces({ labelSelector: BOX_SELECTOR }), BOX_SELECTOR);
+    const namespaces = informer('/api/v1/namespaces', () => core.listNamespace({ labelSelector: CHILD_SELECTOR }), CHILD_SELECTOR);
+    const quotas = informer(
+      '/api/v1/resourcequotas',
+      () => core.listResourceQuotaForAllNamespaces({ labelSelector: CHILD_SELECTOR }),
+      CHILD_SELECTOR,
+    );
+    const limits = informer(
+      '/api/v1/limitranges',
+      () => core.listLimitRangeForAllNamespaces({ labelSelector: CHILD_SELECTOR }),
+      CHILD_SELECTOR,
+    );
+    const policies = informer(
+      '/apis/networking.k8s.io/v1/networkpolicies',
+      () => net.listNetworkPolicyForAllNamespaces({ labelSelector: CHILD_SELECTOR }),
+      CHILD_SELECTOR,
+    );
+
+    for (const event of ['add', 'update', 'delete'] as const) {
+      this.pools.on(event, (pool) => this.enqueue(pool.metadata.name));
+      this.pods.on(event, (pod) => {
+        if (event !== 'delete' && this.queue) this.seenBoxesFor(pod);
+        this.enqueueNamespace(pod.metadata?.namespace);
+      });
+      secrets.on(event, (s) => this.enqueueNamespace(s.metadata?.namespace));
+      for (const child of [namespaces, quotas, limits, policies] as Array<ResilientInformer<k8s.KubernetesObject>>) {
+        child.on(event, (obj) => {
+          const pool = obj.metadata?.labels?.[LABELS.pool];
+          if (pool) this.enqueue(pool);
+        });
+      }
+    }
+
+    const caches: Caches = {
+      pools: this.pools as Lister<SandboxPool>,
+      pods: this.pods,
+      secrets,
+      namespaces,
+      children: { ResourceQuota: quotas, LimitRange: limits, NetworkPolicy: policies },
+    };
+    this.reconciler = new PoolReconciler({
+      kc: o.kc,
+      caches,
+      log: o.log.child({ component: 'reconciler' }),
+      metrics: o.metrics,
+      events: new EventRecorder(core, o.log, o.identity),
+      seenBoxes: this.seenBoxes,
+      ...(o.maxReapsPerPass ? { maxReapsPerPass: o.maxReapsPerPass } : {}),
+      ...(o.deleteConcurrency ? { deleteConcurrency: o.deleteConcurrency } : {}),
+      ...(o.orphanGraceMs !== undefined ? { orphanGraceMs: o.orphanGraceMs } : {}),
+    });
+  }
+
+  /** Starts every watch; resolves when all caches are filled. */
+  startCaches(): Promise<void> {
+    this.synced ??= Promise.all(this.informers.map((i) => i.start())).then(() => {
+      this.log.info('caches synced');
+    });
+    return this.synced;
+  }
+
+  stopCaches(): void {
+    for (const i of this.informers) i.stop();
+  }
+
+  cachesSynced(): boolean {
+    return this.informers.every((i) => i.hasSynced());
+  }
+
+  /**
+   * Begins reconciling (on becoming leader) once the caches are filled, so no decision is made
+   * from a partial view; every known pool is then queued once.
+   */
+  startWorkers(): void {
+    if (this.queue) return;
+    const queue = new WorkQueue();
+    this.queue = queue;
+    const workers = this.o.workers ?? 2;
+    void this.startCaches().then(() => {
+      if (this.queue !== queue) return;
+      for (const pool of this.pools.list()) queue.add(pool.metadata.name);
+      this.running = Array.from({ length: workers }, () => this.work(queue));
+      this.log.info({ workers }, 'workers started');
+    });
+  }
+
+  /** Stops taking work and waits for reconciles in flight. */
+  async stopWorkers(): Promise<void> {
+    const queue = this.queue;
+    if (!queue) return;
+    this.queue = undefined;
+    queue.shutDown();
+    await Promise.all(this.running);
+    this.running = [];
+    this.log.info('workers stopped');
+  }
+
+  private async work(queue: WorkQueue): Promise<void> {
+    for (;;) {
+      const key = await queue.get();
+      if (key === undefined) return;
+      this.o.metrics.queueDepth.set(queue.len());
+      const end = this.o.metrics.reconcileDuration.startTimer();
+      try {
+        const result = await this.reconciler.reconcile(key);
+        queue.forget(key);
+        this.o.metrics.reconcileTotal.inc({ result: 'success' });
+        if (result.requeueAfterMs !== undefined) queue.addAfter(key, result.requeueAfterMs);
+      } catch (err) {
+        const delay = queue.addRateLimited(key);
+        this.o.metrics.reconcileTotal.inc({ result: 'error' });
+        this.o.metrics.reconcileErrors.inc();
+        this.log.warn({ pool: key, err: err instanceof Error ? err.message : String(err), retryInMs: delay }, 'reconcile failed');
+      } finally {
+        end();
+        queue.done(key);
+      }
+    }
+  }
+
+  private enqueue(name: string): void {
+    this.queue?.add(name);
+  }
+
+  private enqueueNamespace(namespace: string | undefined): void {
+    if (!namespace || !this.queue) return;
+    for (const pool of this.pools.list()) if (pool.spec?.namespace === namespace) this.queue.add(pool.metadata.name);
+  }
+
+  private seenBoxesFor(pod: k8s.V1Pod): void {
+    const ns = pod.metadata?.namespace;
+    if (ns && this.pools.list().some((p) => p.spec?.namespace === ns)) this.seenBoxes.note(pod);
+  }
+}

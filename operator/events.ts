@@ -1,0 +1,96 @@
+// Kubernetes Events on a SandboxPool (kubectl describe sbp <name> shows them). Recorded in the
+// pool's sandbox namespace, since a cluster-scoped object's events need some namespace and the
+// operator already has rights there. Like client-go's event spam filter, each pool gets a burst
+// of individual events and then a refill rate; what the limit holds back is summed into one
+// summary event per reconcile, so reaping 10,000 boxes does not become 10,000 more writes.
+import { randomBytes } from 'node:crypto';
+import type * as k8s from '@kubernetes/client-node';
+import type { Logger } from 'pino';
+import { apiMessage } from '../common/kube.js';
+import { POOL_API_VERSION, POOL_KIND, type SandboxPool } from '../common/pool.js';
+
+export const EVENT_COMPONENT = 'sandbox-bridge-operator';
+
+export interface EventSpec {
+  type: 'Normal' | 'Warning';
+  reason: string;
+  message: string;
+}
+
+export class EventRecorder {
+  private readonly buckets = new Map<string, { tokens: number; at: number }>();
+  private readonly suppressed = new Map<string, Map<string, number>>();
+
+  constructor(
+    private readonly core: k8s.CoreV1Api,
+    private readonly log: Logger,
+    private readonly instance: string,
+    private readonly now: () => number = Date.now,
+    private readonly burst = 25,
+    private readonly refillPerSecond = 1,
+  ) {}
+
+  /** Records the event unless the pool's budget is spent; then it is counted for flush(). */
+  record(pool: SandboxPool, event: EventSpec): Promise<void> {
+    if (this.take(pool.metadata.name)) return this.write(pool, event);
+    const byReason = this.suppressed.get(pool.metadata.name) ?? new Map<string, number>();
+    byReason.set(event.reason, (byReason.get(event.reason) ?? 0) + 1);
+    this.suppressed.set(pool.metadata.name, byReason);
+    return Promise.resolve();
+  }
+
+  /** Writes one summary event for what record() held back for this pool. */
+  async flush(pool: SandboxPool): Promise<void> {
+    const byReason = this.suppressed.get(pool.metadata.name);
+    if (!byReason) return;
+    this.suppressed.delete(pool.metadata.name);
+    const parts = [...byReason].map(([reason, n]) => `${reason}: ${n}`).join(', ');
+    await this.write(pool, {
+      type: 'Normal',
+      reason: 'EventsSummarized',
+      message: `${[...byReason.values()].reduce((a, b) => a + b, 0)} more events not recorded individually (${parts})`,
+    });
+  }
+
+  forget(poolName: string): void {
+    this.buckets.delete(poolName);
+    this.suppressed.delete(poolName);
+  }
+
+  private take(key: string): boolean {
+    const now = this.now();
+    const b = this.buckets.get(key) ?? { tokens: this.burst, at: now };
+    b.tokens = Math.min(this.burst, b.tokens + ((now - b.at) / 1000) * this.refillPerSecond);
+    b.at = now;
+    this.buckets.set(key, b);
+    if (b.tokens < 1) return false;
+    b.tokens -= 1;
+    return true;
+  }
+
+  private async write(pool: SandboxPool, event: EventSpec): Promise<void> {
+    const now = new Date(this.now());
+    const namespace = pool.spec.namespace;
+    try {
+      await this.core.createNamespacedEvent({
+        namespace,
+        body: {
+          metadata: { name: `${pool.metadata.name}.${now.getTime().toString(16)}${randomBytes(4).toString('hex')}`, namespace },
+          involvedObject: { apiVersion: POOL_API_VERSION, kind: POOL_KIND, name: pool.metadata.name, uid: pool.metadata.uid },
+          type: event.type,
+          reason: event.reason,
+          message: event.message.slice(0, 1024),
+          source: { component: EVENT_COMPONENT },
+          reportingComponent: EVENT_COMPONENT,
+          reportingInstance: this.instance,
+          firstTimestamp: now,
+          lastTimestamp: now,
+          count: 1,
+        },
+      });
+    } catch (err) {
+      // Events are best effort: losing one must not fail a reconcile.
+      this.log.debug({ err: apiMessage(err), reason: event.reason }, 'could not record event');
+    }
+  }
+}

@@ -1,0 +1,94 @@
+// Entry point: `node dist/operator/main.js`. Caches start at once on every replica; the replica
+// holding the lease runs the workers. SIGTERM stops the workers, releases the lease (so the
+// standby takes over at once) and exits 0. Losing the lease exits 1 so the pod restarts clean.
+import type { Server } from 'node:http';
+import { loadKubeConfig } from '../common/kube.js';
+import { createLogger } from '../common/logger.js';
+import { createProbeServer, listen } from '../common/probe-server.js';
+import { ConfigError, loadConfig } from './config.js';
+import { Controller } from './controller.js';
+import { LeaderElector } from './leader-election.js';
+import { createOperatorMetrics } from './metrics.js';
+
+async function main(): Promise<void> {
+  let config;
+  try {
+    config = loadConfig();
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      process.stderr.write(`sandbox-bridge operator: ${err.message}\n`);
+      process.exit(2);
+    }
+    throw err;
+  }
+  const log = createLogger('sandbox-bridge-operator', config.LOG_LEVEL);
+  const kc = loadKubeConfig(config.KUBECONFIG);
+  const metrics = createOperatorMetrics();
+  metrics.leader.set(0);
+
+  const controller = new Controller({
+    kc,
+    log,
+    metrics,
+    identity: config.identity,
+    workers: config.WORKERS,
+    maxReapsPerPass: config.REAP_BATCH,
+    deleteConcurrency: config.REAP_CONCURRENCY,
+    orphanGraceMs: config.ORPHAN_SECRET_GRACE_SECONDS * 1000,
+  });
+
+  let shuttingDown = false;
+  const elector = new LeaderElector({
+    kc,
+    namespace: config.LEASE_NAMESPACE,
+    name: config.LEASE_NAME,
+    identity: config.identity,
+    log,
+    leaseDurationSeconds: config.LEASE_DURATION_SECONDS,
+    retryIntervalMs: config.LEASE_RENEW_SECONDS * 1000,
+    renewDeadlineMs: (config.LEASE_DURATION_SECONDS - config.LEASE_RENEW_SECONDS) * 1000 - 1000,
+    onStartedLeading: () => {
+      metrics.leader.set(1);
+      controller.startWorkers();
+    },
+    onStoppedLeading: () => {
+      metrics.leader.set(0);
+      void controller.stopWorkers();
+      // Another replica may already be reconciling; restarting is the safe way back to standby.
+      if (!shuttingDown) {
+        log.error('lost the leader lease; exiting so the pod restarts as a standby');
+        process.exit(1);
+      }
+    },
+  });
+
+  const probes: Server = createProbeServer({ registry: metrics.registry, ready: () => !shuttingDown && controller.cachesSynced() });
+  const address = await listen(probes, config.METRICS_PORT, config.METRICS_HOST);
+  log.info({ identity: config.identity, metricsPort: address.port, lease: `${config.LEASE_NAMESPACE}/${config.LEASE_NAME}` }, 'operator starting');
+
+  const shutdown = async (signal: string) => {
+    if (shuttingDown) return;
+    shuttingDown = true;
+    log.info({ signal }, 'shutting down');
+    // Workers first, so nothing reconciles after the lease is handed over.
+    await controller.stopWorkers();
+    await elector.stop(true);
+    controller.stopCaches();
+    probes.close();
+    log.info('stopped');
+    log.flush?.();
+    process.exit(0);
+  };
+  process.on('SIGTERM', () => void shutdown('SIGTERM'));
+  process.on('SIGINT', () => void shutdown('SIGINT'));
+
+  // Campaign at once; the caches fill in parallel and workers wait for them.
+  const synced = controller.startCaches();
+  elector.start();
+  await synced;
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`sandbox-bridge operator: fatal: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
+  process.exit(1);
+});

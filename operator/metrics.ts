@@ -1,0 +1,50 @@
+// Prometheus metrics of the operator, on their own registry (served by common/probe-server).
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+
+export function createOperatorMetrics(registry = new Registry()) {
+  collectDefaultMetrics({ register: registry, prefix: 'sandbox_operator_' });
+  return {
+    registry,
+    reconcileTotal: new Counter({
+      name: 'sandbox_operator_reconcile_total',
+      help: 'Reconciles of SandboxPools, by result (success, error, conflict).',
+      labelNames: ['result'] as const,
+      registers: [registry],
+    }),
+    reconcileErrors: new Counter({
+      name: 'sandbox_operator_reconcile_errors_total',
+      help: 'Reconciles that failed and were requeued with backoff.',
+      registers: [registry],
+    }),
+    reconcileDuration: new Histogram({
+      name: 'sandbox_operator_reconcile_duration_seconds',
+      help: 'Time to reconcile one SandboxPool.',
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+      registers: [registry],
+    }),
+    boxesReaped: new Counter({
+      name: 'sandbox_operator_boxes_reaped_total',
+      help: 'Box pods and env Secrets deleted by the operator, by reason (expired, succeeded, failed, orphaned_secret).',
+      labelNames: ['reason'] as const,
+      registers: [registry],
+    }),
+    childApplies: new Counter({
+      name: 'sandbox_operator_child_applies_total',
+      help: 'Server-side applies of pool children (creations and drift repairs), by kind.',
+      labelNames: ['kind'] as const,
+      registers: [registry],
+    }),
+    leader: new Gauge({
+      name: 'sandbox_operator_leader',
+      help: '1 while this replica holds the leader lease, else 0.',
+      registers: [registry],
+    }),
+    queueDepth: new Gauge({
+      name: 'sandbox_operator_work_queue_depth',
+      help: 'Pools waiting to be reconciled.',
+      registers: [registry],
+    }),
+  };
+}
+
+export type OperatorMetrics = ReturnType<typeof createOperatorMetrics>;

@@ -1,0 +1,343 @@
+// Reconciles one SandboxPool, level-based: it reads the pool and everything it owns from the
+// caches, makes the cluster match (children applied, due boxes reaped), writes status when it
+// changed, and says when to look again. It never asks what event caused it to run.
+import * as k8s from '@kubernetes/client-node';
+import type { Logger } from 'pino';
+import { apiMessage, apiStatusCode, isConflict, isNotFound, makeApiClient } from '../common/kube.js';
+import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool, type SandboxPoolStatus } from '../common/pool.js';
+import { countBoxes, type SeenBox } from './box-counter.js';
+import { desiredChildren, isUpToDate, type Child } from './children.js';
+import type { EventRecorder } from './events.js';
+import type { OperatorMetrics } from './metrics.js';
+import { planReaps, type Reap } from './reaper.js';
+import { sameStatus, setConditions, type ConditionInput } from './status.js';
+
+export const FIELD_MANAGER = 'sandbox-bridge-operator';
+
+export interface Lister<T> {
+  get(name: string, namespace?: string): T | undefined;
+  list(namespace?: string): readonly T[];
+}
+
+export interface Caches {
+  pools: Lister<SandboxPool>;
+  pods: Lister<k8s.V1Pod>;
+  secrets: Lister<k8s.V1Secret>;
+  namespaces: Lister<k8s.V1Namespace>;
+  /** Namespaced children by kind. */
+  children: Record<'ResourceQuota' | 'LimitRange' | 'NetworkPolicy', Lister<k8s.KubernetesObject>>;
+}
+
+export interface ReconcileResult {
+  requeueAfterMs?: number;
+}
+
+export interface ReconcilerOptions {
+  kc: k8s.KubeConfig;
+  caches: Caches;
+  log: Logger;
+  metrics: OperatorMetrics;
+  events: EventRecorder;
+  now?: () => number;
+  /** Boxes seen through watch events but possibly gone from the cache before a reconcile counted them. */
+  seenBoxes: SeenBoxes;
+  maxReapsPerPass?: number;
+  deleteConcurrency?: number;
+  orphanGraceMs?: number;
+  requestTimeoutMs?: number;
+}
+
+/** Per-namespace record of box pods observed by watch events, drained once counted. */
+export class SeenBoxes {
+  private readonly byNamespace = new Map<string, Map<string, number>>();
+
+  note(pod: k8s.V1Pod): void {
+    const { namespace, uid, creationTimestamp } = pod.metadata ?? {};
+    if (!namespace || !uid || !creationTimestamp) return;
+    const map = this.byNamespace.get(namespace) ?? new Map<string, number>();
+    map.set(uid, new Date(creationTimestamp).getTime());
+    this.byNamespace.set(namespace, map);
+  }
+
+  list(namespace: string): SeenBox[] {
+    return [...(this.byNamespace.get(namespace) ?? [])].map(([uid, createdAt]) => ({ uid, createdAt }));
+  }
+
+  /** Drops what a written count covers (created at or before the watermark second). */
+  drain(namespace: string, watermark: string | undefined): void {
+    const map = this.byNamespace.get(namespace);
+    if (!map || !watermark) return;
+    const limit = Math.floor(Date.parse(watermark) / 1000) * 1000 + 999;
+    for (const [uid, at] of map) if (at <= limit) map.delete(uid);
+    if (map.size === 0) this.byNamespace.delete(namespace);
+  }
+
+  forgetNamespace(namespace: string): void {
+    this.byNamespace.delete(namespace);
+  }
+}
+
+const NAMESPACE_RETRY_MS = 2000;
+
+export class PoolReconciler {
+  private readonly core: k8s.CoreV1Api;
+  private readonly objects: k8s.KubernetesObjectApi;
+  private readonly custom: k8s.CustomObjectsApi;
+  private readonly now: () => number;
+  /** Deletes sent and not yet seen in the cache: uid -> when sent. */
+  private readonly deleting = new Map<string, number>();
+
+  constructor(private readonly o: ReconcilerOptions) {
+    const timeout = o.requestTimeoutMs ?? 15_000;
+    this.core = makeApiClient(o.kc, k8s.CoreV1Api, timeout);
+    this.objects = makeApiClient(o.kc, k8s.KubernetesObjectApi, timeout);
+    this.custom = makeApiClient(o.kc, k8s.CustomObjectsApi, timeout);
+    this.now = o.now ?? Date.now;
+  }
+
+  async reconcile(name: string): Promise<ReconcileResult> {
+    const pool = this.o.caches.pools.get(name);
+    // Deleted: garbage collection removes what the pool owned (owner references).
+    if (!pool) {
+      this.o.events.forget(name);
+      return {};
+    }
+    const log = this.o.log.child({ pool: name });
+    const ns = pool.spec.namespace;
+    const conditions: ConditionInput[] = [];
+    let requeueAfterMs: number | undefined;
+    const requeue = (ms: number) => {
+      requeueAfterMs = requeueAfterMs === undefined ? ms : Math.min(requeueAfterMs, ms);
+    };
+
+    const rival = this.namespaceRival(pool);
+    let childrenOk = false;
+    let childError: string | undefined;
+    if (rival) {
+      const message = `namespace ${ns} is already used by SandboxPool ${rival}; pick another namespace`;
+      conditions.push({ type: 'Ready', status: 'False', reason: 'NamespaceInUse', message });
+      conditions.push({ type: 'Degraded', status: 'True', reason: 'NamespaceInUse', message });
+    } else {
+      childError = await this.applyChildren(pool, log).catch((err: unknown) => {
+        if (err instanceof NamespaceUnavailable) {
+          requeue(NAMESPACE_RETRY_MS);
+          return err.message;
+        }
+        throw err;
+      });
+      childrenOk = childError === undefined;
+    }
+
+    // Reap only in a namespace this pool governs.
+    let reapError: string | undefined;
+    let active = 0;
+    if (!rival) {
+      const reaped = await this.reap(pool, log);
+      reapError = reaped.error;
+      active = reaped.active;
+      if (reaped.requeueAfterMs !== undefined) requeue(reaped.requeueAfterMs);
+    }
+
+    if (!rival) {
+      if (childrenOk) {
+        conditions.push({
+          type: 'Ready',
+          status: 'True',
+          reason: 'Reconciled',
+          message: 'namespace labels, resource quota, limit range and network policy are in place',
+        });
+      } else {
+        conditions.push({ type: 'Ready', status: 'False', reason: 'ChildrenNotReady', message: childError ?? '' });
+      }
+      if (childError) conditions.push({ type: 'Degraded', status: 'True', reason: 'ApplyFailed', message: childError });
+      else if (reapError) conditions.push({ type: 'Degraded', status: 'True', reason: 'ReapFailed', message: reapError });
+      else conditions.push({ type: 'Degraded', status: 'False', reason: 'AsExpected', message: 'no problems' });
+    }
+
+    const written = await this.writeStatus(pool, conditions, active, log);
+    if (written === 'conflict') requeue(100);
+    if (childError && !rival) requeue(NAMESPACE_RETRY_MS);
+    return requeueAfterMs === undefined ? {} : { requeueAfterMs };
+  }
+
+  /** The older pool (creation time, then name) that claims the same namespace, if any. */
+  private namespaceRival(pool: SandboxPool): string | undefined {
+    const key = (p: SandboxPool) => `${new Date(p.metadata.creationTimestamp ?? 0).toISOString()}/${p.metadata.name}`;
+    const rival = this.o.caches.pools
+      .list()
+      .filter((p) => p.metadata.name !== pool.metadata.name && p.spec.namespace === pool.spec.namespace)
+      .sort((a, b) => key(a).localeCompare(key(b)))[0];
+    return rival && key(rival) < key(pool) ? rival.metadata.name : undefined;
+  }
+
+  /** Applies the children that differ from the cache; returns an error message or undefined. */
+  private async applyChildren(pool: SandboxPool, log: Logger): Promise<string | undefined> {
+    const owned = await this.namespaceOwnership(pool);
+    const failures: string[] = [];
+    for (const child of desiredChildren(pool, owned)) {
+      const live =
+        child.kind === 'Namespace'
+          ? this.o.caches.namespaces.get(child.metadata.name!)
+          : this.o.caches.children[child.kind as keyof Caches['children']].get(child.metadata.name!, child.metadata.namespace);
+      if (isUpToDate(child, live)) continue;
+      try {
+        await this.apply(child);
+        this.o.metrics.childApplies.inc({ kind: child.kind });
+        log.info({ kind: child.kind, name: child.metadata.name, repaired: live !== undefined }, 'applied child');
+      } catch (err) {
+        const message = `${child.kind} ${child.metadata.namespace ? `${child.metadata.namespace}/` : ''}${child.metadata.name}: ${apiMessage(err)}`;
+        log.warn({ err: message }, 'apply failed');
+        failures.push(message);
+        // Without the namespace nothing inside it can be applied.
+        if (child.kind === 'Namespace') break;
+      }
+    }
+    return failures.length ? failures.join('; ') : undefined;
+  }
+
+  /**
+   * Whether the pool owns (and so may garbage-collect) its namespace: yes if the operator creates
+   * it or already owns it; no for a namespace that existed before the pool.
+   */
+  private async namespaceOwnership(pool: SandboxPool): Promise<boolean> {
+    const name = pool.spec.namespace;
+    let ns = this.o.caches.namespaces.get(name);
+    if (!ns) {
+      // The cache only holds labelled namespaces; a pre-existing one needs a direct look.
+      ns = await this.core.readNamespace({ name }).catch((err: unknown) => {
+        if (isNotFound(err)) return undefined;
+        throw err;
+      });
+    }
+    if (!ns) return true;
+    if (ns.metadata?.deletionTimestamp) throw new NamespaceUnavailable(`namespace ${name} is terminating; waiting to recreate it`);
+    const refs = ns.metadata?.ownerReferences ?? [];
+    if (refs.some((r) => r.uid === pool.metadata.uid)) return true;
+    if (refs.some((r) => r.kind === 'SandboxPool')) {
+      throw new NamespaceUnavailable(`namespace ${name} still belongs to a deleted SandboxPool; waiting for it to go`);
+    }
+    return false;
+  }
+
+  private async apply(child: Child): Promise<void> {
+    await this.objects.patch(child, undefined, undefined, FIELD_MANAGER, true, k8s.PatchStrategy.ServerSideApply);
+  }
+
+  private async reap(pool: SandboxPool, log: Logger): Promise<{ active: number; requeueAfterMs?: number; error?: string }> {
+    const ns = pool.spec.namespace;
+    const now = this.now();
+    const pods = this.o.caches.pods.list(ns);
+    // Forget sent deletes once the cache no longer shows the object live, or after a minute.
+    const present = new Set<string>();
+    for (const p of pods) if (p.metadata?.uid && !p.metadata.deletionTimestamp) present.add(p.metadata.uid);
+    const secrets = this.o.caches.secrets.list(ns);
+    for (const s of secrets) if (s.metadata?.uid) present.add(s.metadata.uid);
+    for (const [uid, at] of this.deleting) if (!present.has(uid) || now - at > 60_000) this.deleting.delete(uid);
+
+    const plan = planReaps({
+      pods,
+      secrets,
+      defaultTtlSeconds: pool.spec.defaultTtlSeconds,
+      now,
+      orphanGraceMs: this.o.orphanGraceMs ?? 30_000,
+      pending: new Set(this.deleting.keys()),
+    });
+    const max = this.o.maxReapsPerPass ?? 1000;
+    const batch = plan.reaps.slice(0, max);
+    const failures: string[] = [];
+    await mapLimit(batch, this.o.deleteConcurrency ?? 32, async (reap) => {
+      try {
+        await this.deleteOne(reap);
+        this.deleting.set(reap.uid, now);
+        this.o.metrics.boxesReaped.inc({ reason: reap.reason });
+        await this.o.events.record(pool, reapEvent(reap));
+      } catch (err) {
+        // Gone already, or replaced by a new object of the same name: nothing to do.
+        if (isNotFound(err) || isConflict(err)) return;
+        failures.push(`${reap.kind} ${reap.name}: ${apiMessage(err)}`);
+      }
+    });
+    await this.o.events.flush(pool);
+    if (batch.length) log.info({ reaped: batch.length - failures.length, remaining: plan.reaps.length - batch.length }, 'reaped boxes');
+    let requeueAfterMs: number | undefined;
+    if (plan.reaps.length > batch.length) requeueAfterMs = 0;
+    else if (failures.length) requeueAfterMs = 1000;
+    else if (plan.nextDueAt !== undefined) requeueAfterMs = Math.max(0, plan.nextDueAt - this.now());
+    const error = failures.length ? `could not delete ${failures.length} object(s): ${failures.slice(0, 3).join('; ')}` : undefined;
+    return { active: plan.active, ...(requeueAfterMs !== undefined ? { requeueAfterMs } : {}), ...(error ? { error } : {}) };
+  }
+
+  private async deleteOne(reap: Reap): Promise<void> {
+    // The uid precondition keeps a delete from hitting a new box that reuses the name.
+    const body: k8s.V1DeleteOptions = { preconditions: { uid: reap.uid }, propagationPolicy: 'Background' };
+    if (reap.kind === 'Pod') await this.core.deleteNamespacedPod({ name: reap.name, namespace: reap.namespace, body });
+    else await this.core.deleteNamespacedSecret({ name: reap.name, namespace: reap.namespace, body });
+  }
+
+  private async writeStatus(
+    pool: SandboxPool,
+    wanted: ConditionInput[],
+    active: number,
+    log: Logger,
+  ): Promise<'unchanged' | 'written' | 'conflict'> {
+    const ns = pool.spec.namespace;
+    const candidates = [...this.o.seenBoxes.list(ns)];
+    for (const p of this.o.caches.pods.list(ns)) {
+      if (p.metadata?.uid && p.metadata.creationTimestamp) {
+        candidates.push({ uid: p.metadata.uid, createdAt: new Date(p.metadata.creationTimestamp).getTime() });
+      }
+    }
+    const count = countBoxes(pool.status, candidates);
+    const status: SandboxPoolStatus = {
+      observedGeneration: pool.metadata.generation,
+      conditions: setConditions(pool.status?.conditions, wanted, pool.metadata.generation, new Date(this.now())),
+      activeBoxes: active,
+      totalBoxesCreated: count.total,
+      ...(count.watermark ? { boxCountWatermark: count.watermark } : {}),
+    };
+    if (sameStatus(pool.status, status)) {
+      this.o.seenBoxes.drain(ns, count.watermark?.creationTimestamp);
+      return 'unchanged';
+    }
+    try {
+      // A replace carries the cached resourceVersion: if the cache is behind our own last write,
+      // the API server refuses it, so a count is never added twice to the same watermark.
+      await this.custom.replaceClusterCustomObjectStatus({
+        group: POOL_GROUP,
+        version: POOL_VERSION,
+        plural: POOL_PLURAL,
+        name: pool.metadata.name,
+        body: { ...pool, status },
+      });
+      this.o.seenBoxes.drain(ns, count.watermark?.creationTimestamp);
+      return 'written';
+    } catch (err) {
+      if (isConflict(err)) return 'conflict';
+      if (apiStatusCode(err) === 404) return 'unchanged';
+      log.warn({ err: apiMessage(err) }, 'status write failed');
+      throw err;
+    }
+  }
+}
+
+class NamespaceUnavailable extends Error {}
+
+function reapEvent(reap: Reap): { type: 'Normal'; reason: string; message: string } {
+  switch (reap.reason) {
+    case 'expired':
+      return { type: 'Normal', reason: 'BoxExpired', message: `Deleted box ${reap.name}: expired at ${reap.expiredAt?.toISOString()}` };
+    case 'succeeded':
+    case 'failed':
+      return { type: 'Normal', reason: 'BoxFinished', message: `Deleted box ${reap.name}: its pod ${reap.reason}` };
+    case 'orphaned_secret':
+      return { type: 'Normal', reason: 'OrphanedSecretDeleted', message: `Deleted env Secret ${reap.name}: its box is gone` };
+  }
+}
+
+async function mapLimit<T>(items: readonly T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
+  let next = 0;
+  const worker = async () => {
+    while (next < items.length) await fn(items[next++]!);
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+}

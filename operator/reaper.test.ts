@@ -1,0 +1,73 @@
+import type * as k8s from '@kubernetes/client-node';
+import { expiryOf, planReaps } from './reaper.js';
+
+const NOW = Date.parse('2030-01-01T12:00:00Z');
+
+function pod(name: string, opts: { created?: string; expiresAt?: string; phase?: string; deleting?: boolean } = {}): k8s.V1Pod {
+  return {
+    metadata: {
+      name,
+      namespace: 'ns',
+      uid: `uid-${name}`,
+      creationTimestamp: new Date(opts.created ?? '2030-01-01T11:59:00Z'),
+      annotations: opts.expiresAt ? { 'sandbox-bridge.io/expires-at': opts.expiresAt } : {},
+      ...(opts.deleting ? { deletionTimestamp: new Date(NOW) } : {}),
+    },
+    status: { phase: opts.phase ?? 'Running' },
+  };
+}
+
+function secret(name: string, created = '2030-01-01T11:00:00Z'): k8s.V1Secret {
+  return { metadata: { name, namespace: 'ns', uid: `uid-${name}`, creationTimestamp: new Date(created) } };
+}
+
+const base = { defaultTtlSeconds: 3600, now: NOW, orphanGraceMs: 30_000, secrets: [] };
+
+test('expiry comes from the annotation, else creation + default TTL', () => {
+  expect(expiryOf(pod('a', { expiresAt: '2030-01-01T12:00:05Z' }), 3600)).toBe(NOW + 5000);
+  expect(expiryOf(pod('b', { created: '2030-01-01T11:00:00Z' }), 60)).toBe(Date.parse('2030-01-01T11:01:00Z'));
+  // A malformed annotation falls back to the pool default rather than keeping the box forever.
+  expect(expiryOf(pod('c', { created: '2030-01-01T11:00:00Z', expiresAt: 'soon' }), 60)).toBe(Date.parse('2030-01-01T11:01:00Z'));
+});
+
+test('reaps expired, succeeded and failed boxes; the next expiry is the requeue time', () => {
+  const plan = planReaps({
+    ...base,
+    pods: [
+      pod('expired', { expiresAt: '2030-01-01T11:59:59Z' }),
+      pod('exactly', { expiresAt: '2030-01-01T12:00:00Z' }),
+      pod('later', { expiresAt: '2030-01-01T12:00:10Z' }),
+      pod('soon', { expiresAt: '2030-01-01T12:00:03Z' }),
+      pod('done', { phase: 'Succeeded', expiresAt: '2031-01-01T00:00:00Z' }),
+      pod('crashed', { phase: 'Failed' }),
+      pod('default-ttl-over', { created: '2030-01-01T10:00:00Z' }),
+      pod('going', { deleting: true, expiresAt: '2030-01-01T11:00:00Z' }),
+    ],
+  });
+  expect(plan.reaps.map((r) => [r.name, r.reason])).toEqual([
+    ['expired', 'expired'],
+    ['exactly', 'expired'],
+    ['done', 'succeeded'],
+    ['crashed', 'failed'],
+    ['default-ttl-over', 'expired'],
+  ]);
+  expect(plan.active).toBe(2);
+  expect(plan.nextDueAt).toBe(NOW + 3000);
+});
+
+test('deletes already sent are not sent again', () => {
+  const plan = planReaps({ ...base, pods: [pod('x', { expiresAt: '2030-01-01T11:00:00Z' })], pending: new Set(['uid-x']) });
+  expect(plan.reaps).toEqual([]);
+  expect(plan.active).toBe(0);
+});
+
+test('env Secrets without their pod are orphans once past the grace period', () => {
+  const plan = planReaps({
+    ...base,
+    pods: [pod('alive')],
+    secrets: [secret('alive-env'), secret('gone-env'), secret('fresh-env', '2030-01-01T11:59:50Z'), secret('not-an-env-secret')],
+  });
+  expect(plan.reaps.map((r) => [r.kind, r.name, r.reason])).toEqual([['Secret', 'gone-env', 'orphaned_secret']]);
+  // The fresh one is due when its grace period ends.
+  expect(plan.nextDueAt).toBe(Date.parse('2030-01-01T12:00:20Z'));
+});

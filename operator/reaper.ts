@@ -1,0 +1,101 @@
+// Pure planning of box housekeeping: which box pods and env Secrets to delete, and when the next
+// one falls due (the reconciler requeues the pool for then instead of polling).
+import type * as k8s from '@kubernetes/client-node';
+import { ANNOTATIONS } from '../common/labels.js';
+
+export type ReapReason = 'expired' | 'succeeded' | 'failed' | 'orphaned_secret';
+
+export interface Reap {
+  kind: 'Pod' | 'Secret';
+  name: string;
+  namespace: string;
+  uid: string;
+  reason: ReapReason;
+  /** For expired boxes: when they expired. */
+  expiredAt?: Date;
+}
+
+export interface ReapPlan {
+  reaps: Reap[];
+  /** Boxes that keep running. */
+  active: number;
+  /** Earliest future instant at which something else falls due (ms since epoch). */
+  nextDueAt?: number;
+}
+
+export interface ReapInput {
+  pods: readonly k8s.V1Pod[];
+  secrets: readonly k8s.V1Secret[];
+  defaultTtlSeconds: number;
+  now: number;
+  /**
+   * How old an env Secret without its pod must be before it counts as orphaned: the Secret may
+   * be observed before its pod reaches this replica's cache, and a freshly created box must not
+   * lose its environment.
+   */
+  orphanGraceMs: number;
+  /** UIDs whose delete was already sent and not yet observed, so they are not sent again. */
+  pending?: ReadonlySet<string>;
+}
+
+const ENV_SUFFIX = '-env';
+
+/** When a box expires: its expires-at annotation, else creation + the pool's default TTL. */
+export function expiryOf(pod: k8s.V1Pod, defaultTtlSeconds: number): number | undefined {
+  const stamped = pod.metadata?.annotations?.[ANNOTATIONS.expiresAt];
+  if (stamped) {
+    const at = Date.parse(stamped);
+    if (Number.isFinite(at)) return at;
+  }
+  const created = timestamp(pod.metadata?.creationTimestamp);
+  return created === undefined ? undefined : created + defaultTtlSeconds * 1000;
+}
+
+export function planReaps(input: ReapInput): ReapPlan {
+  const { now, pending } = input;
+  const reaps: Reap[] = [];
+  let active = 0;
+  let nextDueAt: number | undefined;
+  const due = (at: number) => {
+    if (nextDueAt === undefined || at < nextDueAt) nextDueAt = at;
+  };
+  const livePods = new Set<string>();
+
+  for (const pod of input.pods) {
+    const { name, namespace, uid } = pod.metadata ?? {};
+    if (!name || !namespace || !uid) continue;
+    livePods.add(name);
+    if (pod.metadata?.deletionTimestamp || pending?.has(uid)) continue;
+    const phase = pod.status?.phase;
+    if (phase === 'Succeeded' || phase === 'Failed') {
+      reaps.push({ kind: 'Pod', name, namespace, uid, reason: phase === 'Succeeded' ? 'succeeded' : 'failed' });
+      continue;
+    }
+    const expiry = expiryOf(pod, input.defaultTtlSeconds);
+    if (expiry !== undefined && expiry <= now) {
+      reaps.push({ kind: 'Pod', name, namespace, uid, reason: 'expired', expiredAt: new Date(expiry) });
+      continue;
+    }
+    active++;
+    if (expiry !== undefined) due(expiry);
+  }
+
+  for (const secret of input.secrets) {
+    const { name, namespace, uid } = secret.metadata ?? {};
+    if (!name || !namespace || !uid || !name.endsWith(ENV_SUFFIX)) continue;
+    if (secret.metadata?.deletionTimestamp || pending?.has(uid)) continue;
+    if (livePods.has(name.slice(0, -ENV_SUFFIX.length))) continue;
+    const created = timestamp(secret.metadata?.creationTimestamp) ?? 0;
+    const orphanAt = created + input.orphanGraceMs;
+    if (orphanAt <= now) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'orphaned_secret' });
+    else due(orphanAt);
+  }
+
+  return nextDueAt === undefined ? { reaps, active } : { reaps, active, nextDueAt };
+}
+
+function timestamp(value: Date | string | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  const ms = value instanceof Date ? value.getTime() : Date.parse(value);
+  return Number.isFinite(ms) ? ms : undefined;
+}
