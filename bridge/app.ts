@@ -1,0 +1,85 @@
+// The Express application: middleware order is request id/logging, security headers,
+// rate limit, bearer auth, routes, JSON errors. Everything it needs is passed in.
+import { randomUUID } from 'node:crypto';
+import express, { type Express } from 'express';
+import helmet from 'helmet';
+import type { Logger } from 'pino';
+import { pinoHttp } from 'pino-http';
+import { requireBearer, type TokenSource } from './http/auth.js';
+import { errorHandler, notFoundRoute } from './http/errors.js';
+import { rateLimit } from './http/rate-limit.js';
+import type { TokenBuckets } from './http/token-bucket.js';
+import type { BridgeMetrics } from './metrics.js';
+import { openApiDocument } from './openapi.js';
+import { boxRoutes } from './routes/boxes.js';
+import { clusterRoutes } from './routes/cluster.js';
+import type { BoxCommands } from './services/box-commands.js';
+import type { BoxService } from './services/boxes.js';
+import type { ClusterService } from './services/cluster.js';
+import type { EnvStore } from './services/env-store.js';
+
+export interface AppDeps {
+  log: Logger;
+  tokens: TokenSource;
+  buckets: TokenBuckets;
+  metrics: BridgeMetrics;
+  boxes: BoxService;
+  commands: BoxCommands;
+  env: EnvStore;
+  cluster: ClusterService;
+  version: string;
+  fileSizeLimit: number;
+  trustProxy: boolean | number | string;
+}
+
+const REQUEST_ID = /^[A-Za-z0-9._-]{1,128}$/;
+
+export function createApp(deps: AppDeps): Express {
+  const app = express();
+  app.disable('x-powered-by');
+  app.set('trust proxy', deps.trustProxy);
+  app.set('etag', false);
+
+  app.use(
+    pinoHttp({
+      logger: deps.log,
+      // Keep a caller's request id if it is sane, so one id follows a call across services.
+      genReqId: (req, res) => {
+        const given = req.headers['x-request-id'];
+        const id = typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID();
+        res.setHeader('X-Request-Id', id);
+        return id;
+      },
+      customLogLevel: (_req, res, err) => (err || res.statusCode >= 500 ? 'error' : res.statusCode >= 400 ? 'info' : 'debug'),
+      serializers: {
+        req: (req: { id: unknown; method: string; url: string }) => ({ id: req.id, method: req.method, url: req.url }),
+        res: (res: { statusCode: number }) => ({ statusCode: res.statusCode }),
+      },
+    }),
+  );
+  app.use(helmet());
+  app.use((req, res, next) => {
+    const end = deps.metrics.httpDuration.startTimer();
+    res.on('finish', () => {
+      const route = req.route?.path ? `${req.baseUrl}${req.route.path}` : 'unmatched';
+      end({ method: req.method, route, status: String(res.statusCode) });
+    });
+    next();
+  });
+
+  const api = express.Router();
+  api.use(rateLimit(deps.buckets, () => deps.metrics.rateLimited.inc({ reason: 'requests' })));
+  api.use(requireBearer(deps.tokens));
+  const document = openApiDocument(deps.version);
+  api.get('/openapi.json', (_req, res) => {
+    res.json(document);
+  });
+  api.use('/boxes', boxRoutes(deps));
+  api.use(clusterRoutes(deps.cluster));
+  api.use(notFoundRoute);
+
+  app.use('/api/v1', api);
+  app.use(notFoundRoute);
+  app.use(errorHandler);
+  return app;
+}

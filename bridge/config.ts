@@ -1,0 +1,74 @@
+// Bridge configuration: environment variables, validated with zod at start-up. A bad value
+// stops the process with a message naming the variable.
+import { readFileSync } from 'node:fs';
+import { z } from 'zod';
+import { LOG_LEVELS } from '../common/logger.js';
+
+const int = (def: number, min = 0) => z.coerce.number().int().min(min).default(def);
+const MiB = 1024 * 1024;
+
+export const ConfigSchema = z
+  .object({
+    PORT: int(8080),
+    METRICS_PORT: int(9090),
+    HOST: z.string().default('0.0.0.0'),
+    LOG_LEVEL: z.enum(LOG_LEVELS).default('info'),
+    /** The bearer token, or a file holding it (a mounted Secret; re-read when it changes). */
+    BRIDGE_TOKEN: z.string().min(16, 'must be at least 16 characters').optional(),
+    BRIDGE_TOKEN_FILE: z.string().optional(),
+    /** SandboxPool whose policy this bridge serves. */
+    POOL_NAME: z.string().default('default'),
+    /** Sandbox namespace used while the SandboxPool does not exist (it names its own). */
+    SANDBOX_NAMESPACE: z.string().default('sandbox'),
+    /** Default box image used while the SandboxPool does not exist. */
+    BOX_DEFAULT_IMAGE: z.string().optional(),
+    BOX_NAME_PREFIX: z
+      .string()
+      .regex(/^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$/, 'must be a short DNS label')
+      .default('box'),
+    /** How long exec/files/env wait for a new box to start before giving up. */
+    BOX_START_TIMEOUT_MS: int(120_000, 1),
+    EXEC_OUTPUT_LIMIT_BYTES: int(10 * MiB, 1),
+    FILE_SIZE_LIMIT_BYTES: int(50 * MiB, 1),
+    RATE_LIMIT_RPS: int(100, 1),
+    RATE_LIMIT_BURST: int(200, 1),
+    /** Express "trust proxy": set it (e.g. 1) behind an ingress so limits apply per real client. */
+    TRUST_PROXY: z.string().default('false'),
+    KUBE_TIMEOUT_MS: int(15_000, 100),
+    /** On SIGTERM, in-flight requests (execs) get this long to finish. */
+    SHUTDOWN_GRACE_MS: int(30_000),
+  })
+  .refine((c) => c.BRIDGE_TOKEN !== undefined || c.BRIDGE_TOKEN_FILE !== undefined, {
+    message: 'set BRIDGE_TOKEN or BRIDGE_TOKEN_FILE',
+    path: ['BRIDGE_TOKEN'],
+  });
+
+export type Config = z.infer<typeof ConfigSchema>;
+
+export class ConfigError extends Error {}
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const parsed = ConfigSchema.safeParse(env);
+  if (!parsed.success) {
+    const problems = parsed.error.issues.map((i) => `  ${i.path.join('.') || 'config'}: ${i.message}`).join('\n');
+    throw new ConfigError(`invalid bridge configuration:\n${problems}`);
+  }
+  const config = parsed.data;
+  if (config.BRIDGE_TOKEN_FILE) {
+    // Fail at start-up, not on the first request, when the mounted Secret is missing.
+    try {
+      readFileSync(config.BRIDGE_TOKEN_FILE, 'utf8');
+    } catch (err) {
+      throw new ConfigError(`invalid bridge configuration:\n  BRIDGE_TOKEN_FILE: cannot read ${config.BRIDGE_TOKEN_FILE} (${(err as Error).message})`);
+    }
+  }
+  return config;
+}
+
+/** Express's trust proxy setting from TRUST_PROXY ("false", "true", a hop count or a list). */
+export function trustProxySetting(value: string): boolean | number | string {
+  if (value === 'false' || value === '') return false;
+  if (value === 'true') return true;
+  if (/^\d+$/.test(value)) return Number(value);
+  return value;
+}

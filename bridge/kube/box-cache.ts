@@ -1,0 +1,151 @@
+// Box pods of the sandbox namespace, from a watch cache: every read (status, list, counts,
+// session slots) is answered here without an API round trip.
+import * as k8s from '@kubernetes/client-node';
+import type { Logger } from 'pino';
+import { ResilientInformer } from '../../common/informer.js';
+import { BOX_SELECTOR, LABELS } from '../../common/labels.js';
+import { boxState } from '../box-pod.js';
+
+export interface BoxReader {
+  get(name: string): k8s.V1Pod | undefined;
+  list(): readonly k8s.V1Pod[];
+  /** Boxes that count against the caps: every box not finished (deleting ones still hold their name). */
+  activeCount(): number;
+  sessionBoxes(sessionHash: string): k8s.V1Pod[];
+  /** Resolves with the pod once it is Running; rejects when it ends, vanishes, or time runs out. */
+  waitUntilRunning(name: string, timeoutMs: number): Promise<k8s.V1Pod>;
+  /** Calls back when the pod is deleted or starts terminating; returns an unsubscribe function. */
+  onGone(name: string, callback: () => void): () => void;
+  isHealthy(): boolean;
+}
+
+export class BoxCache implements BoxReader {
+  private readonly informer: ResilientInformer<k8s.V1Pod>;
+  private readonly watchers = new Map<string, Set<(pod: k8s.V1Pod | undefined) => void>>();
+
+  constructor(
+    kc: k8s.KubeConfig,
+    readonly namespace: string,
+    log: Logger,
+  ) {
+    const core = kc.makeApiClient(k8s.CoreV1Api);
+    this.informer = new ResilientInformer<k8s.V1Pod>({
+      kc,
+      path: `/api/v1/namespaces/${namespace}/pods`,
+      labelSelector: BOX_SELECTOR,
+      log,
+      list: () => core.listNamespacedPod({ namespace, labelSelector: BOX_SELECTOR }),
+    });
+    const notify = (pod: k8s.V1Pod, gone: boolean) => {
+      const name = pod.metadata?.name;
+      if (!name) return;
+      for (const watcher of this.watchers.get(name) ?? []) watcher(gone ? undefined : pod);
+    };
+    this.informer.on('add', (pod) => notify(pod, false));
+    this.informer.on('update', (pod) => notify(pod, false));
+    this.informer.on('delete', (pod) => notify(pod, true));
+  }
+
+  start(): Promise<void> {
+    return this.informer.start();
+  }
+
+  stop(): void {
+    this.informer.stop();
+  }
+
+  isHealthy(): boolean {
+    return this.informer.isHealthy();
+  }
+
+  get(name: string): k8s.V1Pod | undefined {
+    return this.informer.get(name, this.namespace);
+  }
+
+  list(): readonly k8s.V1Pod[] {
+    return this.informer.list(this.namespace);
+  }
+
+  activeCount(): number {
+    let n = 0;
+    for (const pod of this.list()) {
+      const phase = pod.status?.phase;
+      if (phase !== 'Succeeded' && phase !== 'Failed') n++;
+    }
+    return n;
+  }
+
+  sessionBoxes(sessionHash: string): k8s.V1Pod[] {
+    return this.list().filter((pod) => pod.metadata?.labels?.[LABELS.session] === sessionHash);
+  }
+
+  private watch(name: string, watcher: (pod: k8s.V1Pod | undefined) => void): () => void {
+    let set = this.watchers.get(name);
+    if (!set) this.watchers.set(name, (set = new Set()));
+    set.add(watcher);
+    return () => {
+      set.delete(watcher);
+      if (set.size === 0) this.watchers.delete(name);
+    };
+  }
+
+  waitUntilRunning(name: string, timeoutMs: number): Promise<k8s.V1Pod> {
+    return new Promise((resolve, reject) => {
+      const check = (pod: k8s.V1Pod | undefined, initial = false): boolean => {
+        if (!pod) {
+          // Not yet in this replica's cache (created through another replica a moment ago): wait.
+          if (initial) return false;
+          reject(new BoxGoneError(name));
+          return true;
+        }
+        const state = boxState(pod);
+        if (state === 'Running') resolve(pod);
+        else if (state === 'Terminated') reject(new BoxGoneError(name, pod.status?.phase));
+        else return false;
+        return true;
+      };
+      if (check(this.get(name), true)) return;
+      const timer = setTimeout(() => {
+        unsubscribe();
+        reject(new BoxStartTimeoutError(name, this.get(name)));
+      }, timeoutMs);
+      const unsubscribe = this.watch(name, (pod) => {
+        if (check(pod)) {
+          clearTimeout(timer);
+          unsubscribe();
+        }
+      });
+    });
+  }
+
+  onGone(name: string, callback: () => void): () => void {
+    return this.watch(name, (pod) => {
+      if (!pod || pod.metadata?.deletionTimestamp) callback();
+    });
+  }
+}
+
+export class BoxGoneError extends Error {
+  constructor(
+    readonly box: string,
+    readonly phase?: string,
+  ) {
+    super(phase ? `box ${box} has ended (phase ${phase})` : `box ${box} no longer exists`);
+  }
+}
+
+export class BoxStartTimeoutError extends Error {
+  constructor(
+    readonly box: string,
+    pod: k8s.V1Pod | undefined,
+  ) {
+    const waiting = pod?.status?.containerStatuses?.[0]?.state?.waiting;
+    const unscheduled = pod?.status?.conditions?.find((c) => c.type === 'PodScheduled' && c.status === 'False');
+    const why = waiting
+      ? `${waiting.reason ?? 'waiting'}${waiting.message ? `: ${waiting.message}` : ''}`
+      : unscheduled
+        ? `not scheduled: ${unscheduled.message ?? unscheduled.reason ?? ''}`
+        : `phase ${pod?.status?.phase ?? 'unknown'}`;
+    super(`box ${box} did not start in time (${why})`);
+  }
+}

@@ -1,0 +1,67 @@
+// Prometheus metrics of the bridge (served unauthenticated on METRICS_PORT).
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+
+export interface BridgeMetrics {
+  registry: Registry;
+  httpDuration: Histogram<'method' | 'route' | 'status'>;
+  execDuration: Histogram<'outcome'>;
+  boxesActive: Gauge;
+  boxesCreated: Counter;
+  rateLimited: Counter<'reason'>;
+  kubeDuration: Histogram<'operation'>;
+  kubeErrors: Counter<'operation' | 'code'>;
+}
+
+export function createMetrics(activeBoxes: () => number = () => 0): BridgeMetrics {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry, prefix: 'sandbox_bridge_' });
+  return {
+    registry,
+    httpDuration: new Histogram({
+      name: 'sandbox_bridge_http_request_duration_seconds',
+      help: 'API request duration by route template and status code',
+      labelNames: ['method', 'route', 'status'],
+      buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120, 600],
+      registers: [registry],
+    }),
+    execDuration: new Histogram({
+      name: 'sandbox_bridge_exec_duration_seconds',
+      help: 'Duration of commands run in boxes, by outcome (ok, nonzero, timeout, error)',
+      labelNames: ['outcome'],
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 120, 600],
+      registers: [registry],
+    }),
+    boxesActive: new Gauge({
+      name: 'sandbox_bridge_boxes_active',
+      help: 'Boxes in the sandbox namespace (from the watch cache)',
+      registers: [registry],
+      collect() {
+        this.set(activeBoxes());
+      },
+    }),
+    boxesCreated: new Counter({
+      name: 'sandbox_bridge_boxes_created_total',
+      help: 'Boxes created by this replica',
+      registers: [registry],
+    }),
+    rateLimited: new Counter({
+      name: 'sandbox_bridge_rate_limited_total',
+      help: 'Requests refused with 429, by reason (requests, execs, quota)',
+      labelNames: ['reason'],
+      registers: [registry],
+    }),
+    kubeDuration: new Histogram({
+      name: 'sandbox_bridge_kube_api_duration_seconds',
+      help: 'Kubernetes API call duration by operation',
+      labelNames: ['operation'],
+      buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 15],
+      registers: [registry],
+    }),
+    kubeErrors: new Counter({
+      name: 'sandbox_bridge_kube_api_errors_total',
+      help: 'Failed Kubernetes API calls by operation and HTTP status (0: unreachable)',
+      labelNames: ['operation', 'code'],
+      registers: [registry],
+    }),
+  };
+}

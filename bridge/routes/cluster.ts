@@ -1,0 +1,33 @@
+// /api/v1/health, /cluster/*, /sandboxes*: read-only views.
+import { Router } from 'express';
+import { LogsQuery } from '../schemas.js';
+import type { ClusterService } from '../services/cluster.js';
+import { parse } from './boxes.js';
+
+export function clusterRoutes(cluster: ClusterService): Router {
+  const router = Router();
+
+  router.get('/health', async (_req, res) => {
+    res.json(await cluster.health());
+  });
+  router.get('/cluster/info', async (_req, res) => {
+    res.json(await cluster.clusterInfo());
+  });
+  router.get('/cluster/nodes', async (_req, res) => {
+    res.json(await cluster.nodeList());
+  });
+  router.get('/sandboxes', (_req, res) => {
+    res.json(cluster.sandboxes());
+  });
+  // Before /sandboxes/:podName/logs so "metrics" is never taken for a pod name.
+  router.get('/sandboxes/metrics', async (_req, res) => {
+    res.json(await cluster.metrics());
+  });
+  router.get('/sandboxes/:podName/logs', async (req, res) => {
+    const { tailLines } = parse(LogsQuery, req.query);
+    const text = await cluster.logs(String(req.params.podName), tailLines);
+    res.type('text/plain; charset=utf-8').send(text);
+  });
+
+  return router;
+}

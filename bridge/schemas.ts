@@ -1,0 +1,211 @@
+// The API contract as zod schemas: requests are validated with them, and the OpenAPI
+// document (openapi.ts) is generated from them, so the two cannot drift apart.
+import { z } from 'zod';
+
+export const MAX_EXEC_TIMEOUT_MS = 600_000;
+export const DEFAULT_EXEC_TIMEOUT_MS = 120_000;
+export const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+const EnvVars = z
+  .record(z.string().regex(ENV_NAME, 'environment variable names must match ^[A-Za-z_][A-Za-z0-9_]*$'), z.string())
+  .describe('Environment variables (name to value). Values are stored in a Secret and never returned.');
+
+// ---- requests ----
+
+export const CreateBoxRequest = z
+  .object({
+    sessionId: z.string().min(1).max(1024).describe('Owning session identifier'),
+    image: z.string().min(1).max(512).optional().describe("Container image; must be the pool's default or allowlisted"),
+    cpu: z.number().positive().optional().describe('Cores, fractional allowed (default from the pool, 1)'),
+    memory: z.number().int().positive().optional().describe('MiB (default from the pool, 512)'),
+    env: EnvVars.optional(),
+    runtimeClassName: z.string().min(1).max(253).optional().describe('Must be allowlisted by the pool'),
+    serviceAccountName: z.string().min(1).max(253).optional().describe('Must be allowlisted by the pool'),
+  })
+  .strict();
+export type CreateBoxRequest = z.infer<typeof CreateBoxRequest>;
+
+export const ExecRequest = z
+  .object({
+    command: z.string().min(1).max(128 * 1024).describe('Run by sh -c inside the box'),
+    timeoutMs: z
+      .number()
+      .int()
+      .positive()
+      .max(MAX_EXEC_TIMEOUT_MS, `timeoutMs must be at most ${MAX_EXEC_TIMEOUT_MS} (10 minutes)`)
+      .default(DEFAULT_EXEC_TIMEOUT_MS),
+    workdir: z.string().min(1).max(4096).default('/workspace').describe('Relative paths resolve under /workspace'),
+  })
+  .strict();
+export type ExecRequest = z.infer<typeof ExecRequest>;
+
+export const SetEnvRequest = z.object({ envVars: EnvVars }).strict();
+
+const booleanQuery = z
+  .enum(['true', 'false', '1', '0'])
+  .optional()
+  .transform((v) => v === 'true' || v === '1');
+
+export const FileQuery = z.object({
+  path: z.string().min(1, 'path is required').max(4096),
+  base64: booleanQuery.describe('true: content is base64 (GET returns it so; PUT body is base64 text)'),
+});
+
+export const LogsQuery = z.object({
+  tailLines: z.coerce.number().int().min(0).max(1_000_000).optional().describe('Only the last N lines'),
+});
+
+// ---- responses ----
+
+const Condition = z.object({ type: z.string(), status: z.string() });
+
+export const BoxCreated = z.object({
+  box_id: z.string(),
+  status: z.string(),
+  namespace: z.string(),
+  pod_name: z.string(),
+  image: z.string(),
+  cpu: z.string().describe('Kubernetes quantity: whole cores as "1", fractions in millicores as "500m"'),
+  memory: z.string().describe('With unit, e.g. "512Mi"'),
+  created_at: z.string(),
+});
+
+export const BoxStatus = z.object({
+  box_id: z.string(),
+  pod_name: z.string(),
+  namespace: z.string(),
+  session_id: z.string(),
+  status: z.enum(['Pending', 'Running', 'Terminated']),
+  phase: z.string(),
+  node: z.string(),
+  image: z.string(),
+  cpu: z.string(),
+  memory: z.string(),
+  created_at: z.string(),
+  expires_at: z.string(),
+  age_seconds: z.number().int(),
+  restarts: z.number().int(),
+  host_ip: z.string(),
+  pod_ip: z.string(),
+  conditions: z.array(Condition),
+});
+
+export const BoxDeleted = z.object({ box_id: z.string(), status: z.literal('Terminated'), deleted_at: z.string() });
+
+export const ExecResult = z.object({
+  exit_code: z.number().int(),
+  stdout: z.string(),
+  stderr: z.string(),
+  duration_ms: z.number().int(),
+  timed_out: z.boolean(),
+  stdout_truncated: z.boolean(),
+  stderr_truncated: z.boolean(),
+});
+
+export const FileRead = z.object({
+  path: z.string(),
+  size: z.number().int(),
+  content: z.string(),
+  encoding: z.enum(['text', 'base64']),
+});
+
+export const FileWritten = z.object({ path: z.string(), size: z.number().int(), encoding: z.enum(['text', 'base64']) });
+
+export const EnvUpdated = z.object({ box_id: z.string(), env_count: z.number().int(), updated_at: z.string() });
+
+export const Health = z.object({
+  status: z.enum(['ok', 'degraded']),
+  version: z.string(),
+  kubernetes: z.string(),
+  namespace: z.string(),
+  uptime_seconds: z.number().int(),
+  active_boxes: z.number().int(),
+  total_boxes_created: z.number().int(),
+});
+
+const Resources = z.object({ cpu: z.string(), memory: z.string(), pods: z.string() });
+export const ClusterInfo = z.object({
+  version: z.string(),
+  platform: z.string(),
+  nodes: z.number().int(),
+  capacity: Resources,
+  allocatable: Resources,
+});
+
+const CapAlloc = z.object({ capacity: z.string(), allocatable: z.string() });
+export const NodeList = z.object({
+  nodes: z.array(
+    z.object({
+      name: z.string(),
+      status: z.string(),
+      roles: z.array(z.string()),
+      version: z.string(),
+      cpu: CapAlloc,
+      memory: CapAlloc,
+      pods: CapAlloc.extend({ running: z.number().int() }),
+    }),
+  ),
+});
+
+export const SandboxList = z.object({
+  sandboxes: z.array(
+    z.object({
+      name: z.string(),
+      namespace: z.string(),
+      status: z.string(),
+      node: z.string(),
+      image: z.string(),
+      created_at: z.string(),
+      age_seconds: z.number().int(),
+      session_id: z.string(),
+      cpu: z.string(),
+      memory: z.string(),
+    }),
+  ),
+  total: z.number().int(),
+  namespace: z.string(),
+});
+
+export const PodMetricsList = z.object({
+  metrics: z.array(
+    z.object({
+      pod_name: z.string(),
+      namespace: z.string(),
+      cpu: z.string(),
+      memory: z.string(),
+      timestamp: z.string(),
+      window_seconds: z.number(),
+    }),
+  ),
+});
+
+export const ErrorBody = z.object({
+  error: z.object({
+    type: z.enum([
+      'invalid_request',
+      'unauthorized',
+      'forbidden',
+      'not_found',
+      'conflict',
+      'payload_too_large',
+      'quota_exceeded',
+      'rate_limited',
+      'internal_error',
+      'cluster_unavailable',
+    ]),
+    message: z.string(),
+  }),
+});
+
+/** zod issues as one readable line: "cpu: Number must be positive; memory: ..." */
+export function describeIssues(error: z.ZodError): string {
+  return error.issues
+    .map((issue) => {
+      const where = issue.path.length ? issue.path.join('.') : 'body';
+      if (issue.code === 'unrecognized_keys') return `${where}: unknown field(s) ${issue.keys.join(', ')}`;
+      // A record key that fails its own schema: report that schema's message, not zod's generic one.
+      if (issue.code === 'invalid_key') return `${where}: ${issue.issues[0]?.message ?? issue.message}`;
+      return `${where}: ${issue.message}`;
+    })
+    .join('; ');
+}

@@ -1,0 +1,63 @@
+// Runs real bridge replicas in-process against the local cluster, each with its own caches
+// and Kubernetes clients, exactly as separate pods would (they share nothing but the cluster).
+import { randomBytes } from 'node:crypto';
+import type * as k8s from '@kubernetes/client-node';
+import { pino } from 'pino';
+import { withDefaults, type SandboxPoolSpec } from '../../common/pool.js';
+import { ConfigSchema, type Config } from '../../bridge/config.js';
+import { staticPolicy, type PolicySource } from '../../bridge/kube/policy.js';
+import { startBridge, type RunningBridge } from '../../bridge/server.js';
+
+export const TEST_TOKEN = `test-token-${randomBytes(12).toString('hex')}`;
+
+export function testConfig(overrides: Record<string, string> = {}): Config {
+  return ConfigSchema.parse({
+    PORT: '0',
+    METRICS_PORT: '0',
+    HOST: '127.0.0.1',
+    LOG_LEVEL: 'error',
+    BRIDGE_TOKEN: TEST_TOKEN,
+    SHUTDOWN_GRACE_MS: '2000',
+    ...overrides,
+  });
+}
+
+export function testPolicy(namespace: string, spec: Partial<SandboxPoolSpec> = {}): PolicySource {
+  return staticPolicy(`pool-${namespace}`, withDefaults({ ...spec, namespace }));
+}
+
+export async function startTestBridge(
+  kc: k8s.KubeConfig,
+  policy: PolicySource,
+  overrides: Record<string, string> = {},
+): Promise<RunningBridge> {
+  return startBridge(testConfig(overrides), { kc, policy, log: pino({ level: process.env.BRIDGE_TEST_LOG ?? 'silent' }) });
+}
+
+/** fetch against a bridge with the test token. */
+export function api(bridge: RunningBridge, token = TEST_TOKEN) {
+  return async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
+    const res = await fetch(`${bridge.url}/api/v1${path}`, {
+      method,
+      headers: {
+        ...(token ? { authorization: `Bearer ${token}` } : {}),
+        ...(body !== undefined && typeof body !== 'string' && !Buffer.isBuffer(body) ? { 'content-type': 'application/json' } : {}),
+        ...headers,
+      },
+      ...(body === undefined ? {} : { body: typeof body === 'string' || Buffer.isBuffer(body) ? body : JSON.stringify(body) }),
+    });
+    const text = await res.text();
+    let json: any; // eslint-disable-line @typescript-eslint/no-explicit-any
+    try {
+      json = JSON.parse(text);
+    } catch {
+      json = undefined;
+    }
+    return { status: res.status, headers: res.headers, json, text };
+  };
+}
+
+/** Box placement on kwok's simulated nodes. */
+export const ON_SIMULATED_NODES: Partial<SandboxPoolSpec> = {
+  box: { ...withDefaults({ namespace: '' }).box, nodeSelector: { type: 'kwok' } },
+};
