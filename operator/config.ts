@@ -18,6 +18,8 @@ export const ConfigSchema = z.object({
   POD_NAME: z.string().min(1).optional(),
   LEASE_DURATION_SECONDS: positiveInt.default(10),
   LEASE_RENEW_SECONDS: positiveInt.default(2),
+  /** Label selector of the SandboxPools this operator handles (empty: all); for sharding or canaries. */
+  POOL_SELECTOR: z.string().default(''),
   WORKERS: positiveInt.max(32).default(2),
   REAP_CONCURRENCY: positiveInt.max(256).default(32),
   REAP_BATCH: positiveInt.default(1000),

@@ -20,6 +20,8 @@ export interface ControllerOptions {
   metrics: OperatorMetrics;
   identity: string;
   workers?: number;
+  /** Only pools matching this label selector are watched and reconciled. */
+  poolSelector?: string;
   maxReapsPerPass?: number;
   deleteConcurrency?: number;
   orphanGraceMs?: number;
@@ -55,7 +57,14 @@ export class Controller {
 
     this.pools = informer(
       `/apis/${POOL_GROUP}/${POOL_VERSION}/${POOL_PLURAL}`,
-      () => custom.listClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL }),
+      () =>
+        custom.listClusterCustomObject({
+          group: POOL_GROUP,
+          version: POOL_VERSION,
+          plural: POOL_PLURAL,
+          ...(o.poolSelector ? { labelSelector: o.poolSelector } : {}),
+        }),
+      o.poolSelector || undefined,
     );
     this.pods = informer('/api/v1/pods', () => core.listPodForAllNamespaces({ labelSelector: BOX_SELECTOR }), BOX_SELECTOR);
     const secrets = informer('/api/v1/secrets', () => core.listSecretForAllNamespaces({ labelSelector: BOX_SELECTOR }), BOX_SELECTOR);

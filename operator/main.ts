@@ -32,6 +32,7 @@ async function main(): Promise<void> {
     metrics,
     identity: config.identity,
     workers: config.WORKERS,
+    poolSelector: config.POOL_SELECTOR,
     maxReapsPerPass: config.REAP_BATCH,
     deleteConcurrency: config.REAP_CONCURRENCY,
     orphanGraceMs: config.ORPHAN_SECRET_GRACE_SECONDS * 1000,
