@@ -1,6 +1,6 @@
-// Kubernetes Events on a SandboxPool (kubectl describe sbp <name> shows them). Recorded in the
-// pool's sandbox namespace, since a cluster-scoped object's events need some namespace and the
-// operator already has rights there. Like client-go's event spam filter, each pool gets a burst
+// Kubernetes Events on a SandboxPool (kubectl describe sbp <name> shows them). The API server
+// only accepts events about a cluster-scoped object in the `default` namespace (as client-go
+// records them for nodes), so that is where they go. Like client-go's event spam filter, each pool gets a burst
 // of individual events and then a refill rate; what the limit holds back is summed into one
 // summary event per reconcile, so reaping 10,000 boxes does not become 10,000 more writes.
 import { randomBytes } from 'node:crypto';
@@ -10,6 +10,7 @@ import { apiMessage } from '../common/kube.js';
 import { POOL_API_VERSION, POOL_KIND, type SandboxPool } from '../common/pool.js';
 
 export const EVENT_COMPONENT = 'sandbox-bridge-operator';
+export const EVENT_NAMESPACE = 'default';
 
 export interface EventSpec {
   type: 'Normal' | 'Warning';
@@ -70,7 +71,7 @@ export class EventRecorder {
 
   private async write(pool: SandboxPool, event: EventSpec): Promise<void> {
     const now = new Date(this.now());
-    const namespace = pool.spec.namespace;
+    const namespace = EVENT_NAMESPACE;
     try {
       await this.core.createNamespacedEvent({
         namespace,

@@ -182,6 +182,12 @@ export async function deleteLease(kc: k8s.KubeConfig, name: string, namespace = 
 export async function cleanupPools(kc: k8s.KubeConfig, pools: Pools, names: string[], namespaces: string[]): Promise<void> {
   const core = kc.makeApiClient(k8s.CoreV1Api);
   await Promise.all(names.map((n) => pools.delete(n)));
+  // Events about a cluster-scoped pool live in `default`, outside what garbage collection removes.
+  await Promise.all(
+    names.map((n) =>
+      core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${n}` }).catch(() => undefined),
+    ),
+  );
   // Garbage collection removes the owned namespace; delete it directly too in case the operator never owned it.
   await Promise.all(
     namespaces.map((ns) => core.deleteNamespace({ name: ns, propagationPolicy: 'Background' }).catch(() => undefined)),

@@ -1,0 +1,142 @@
+// Box housekeeping against the real API server: expired, finished and orphaned objects are
+// deleted on time (timers, not polling), each reap is recorded as an Event on the pool, and
+// totalBoxesCreated continues across an operator restart without double counting.
+import * as k8s from '@kubernetes/client-node';
+import { waitFor, testKubeConfig } from '../support/cluster.js';
+import { Pools, boxPod, cleanupPools, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
+
+const kc = testKubeConfig();
+const core = kc.makeApiClient(k8s.CoreV1Api);
+const shard = uniqueName('reap');
+const pools = new Pools(kc, shard);
+const leaseName = `op-test-${shard}`;
+let operator: OperatorProcess;
+const created: string[] = [];
+const namespaces: string[] = [];
+
+async function newPool(spec: Record<string, unknown> = {}): Promise<{ name: string; ns: string }> {
+  const name = uniqueName('sbp');
+  const ns = `${name}-boxes`;
+  created.push(name);
+  namespaces.push(ns);
+  await pools.create(name, { namespace: ns, ...spec });
+  await pools.waitReady(name);
+  return { name, ns };
+}
+
+/** When the pod was first seen deleted (deletionTimestamp set or gone), polling every 25 ms. */
+async function deletedAt(ns: string, name: string, timeoutMs: number): Promise<number> {
+  return waitFor(
+    `pod ${name} to be deleted`,
+    async () => {
+      try {
+        const pod = await core.readNamespacedPod({ name, namespace: ns });
+        return pod.metadata?.deletionTimestamp ? Date.now() : undefined;
+      } catch (err) {
+        if (err instanceof k8s.ApiException && err.code === 404) return Date.now();
+        throw err;
+      }
+    },
+    { timeoutMs, intervalMs: 25 },
+  );
+}
+
+beforeAll(async () => {
+  await installCrd(kc);
+  operator = await startOperator({ shard, leaseName, env: { ORPHAN_SECRET_GRACE_SECONDS: '1' } });
+});
+
+afterAll(async () => {
+  await cleanupPools(kc, pools, created, namespaces);
+  await operator?.stop();
+  await deleteLease(kc, leaseName);
+});
+
+test('a box past its expires-at is deleted within 2 s of expiry, not before, and an Event records it', async () => {
+  const { name, ns } = await newPool();
+  const expiry = Math.ceil(Date.now() / 1000) * 1000 + 3000;
+  const expiresAt = new Date(expiry).toISOString().replace('.000Z', 'Z');
+  await core.createNamespacedPod({ namespace: ns, body: boxPod('short-lived', name, { 'sandbox-bridge.io/expires-at': expiresAt }) });
+  await core.createNamespacedPod({ namespace: ns, body: boxPod('long-lived', name, { 'sandbox-bridge.io/expires-at': '2099-01-01T00:00:00Z' }) });
+
+  const at = await deletedAt(ns, 'short-lived', 10_000);
+  expect(at).toBeGreaterThanOrEqual(expiry);
+  expect(at - expiry).toBeLessThanOrEqual(2000);
+  await expect(core.readNamespacedPod({ name: 'long-lived', namespace: ns })).resolves.toBeDefined();
+
+  const event = await waitFor('the reap event', async () => {
+    const events = await core.listNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${name}` });
+    return events.items.find((e) => e.reason === 'BoxExpired');
+  });
+  expect(event.involvedObject.kind).toBe('SandboxPool');
+  expect(event.message).toContain('short-lived');
+  expect(await operator.metric('sandbox_operator_boxes_reaped_total')).toBeGreaterThanOrEqual(1);
+});
+
+test("without the annotation a box lives for the pool's defaultTtlSeconds from creation", async () => {
+  const { name, ns } = await newPool({ defaultTtlSeconds: 2 });
+  const pod = await core.createNamespacedPod({ namespace: ns, body: boxPod('plain', name) });
+  const expiry = new Date(pod.metadata!.creationTimestamp!).getTime() + 2000;
+  const at = await deletedAt(ns, 'plain', 10_000);
+  expect(at).toBeGreaterThanOrEqual(expiry);
+  expect(at - expiry).toBeLessThanOrEqual(2000);
+});
+
+test('a finished box and an orphaned env Secret are deleted; a live box keeps its Secret', async () => {
+  const { name, ns } = await newPool();
+  const finished = boxPod('finished', name);
+  finished.spec!.nodeSelector = { 'sandbox-bridge.io/no-such-node': 'true' };
+  await core.createNamespacedPod({ namespace: ns, body: finished });
+  const live = await core.createNamespacedPod({ namespace: ns, body: boxPod('alive', name) });
+  const secret = (n: string, owner?: k8s.V1Pod): k8s.V1Secret => ({
+    metadata: {
+      name: n,
+      labels: { 'sandbox-bridge.io/box': 'true' },
+      ...(owner ? { ownerReferences: [{ apiVersion: 'v1', kind: 'Pod', name: owner.metadata!.name!, uid: owner.metadata!.uid! }] } : {}),
+    },
+    stringData: { FOO: 'bar' },
+  });
+  await core.createNamespacedSecret({ namespace: ns, body: secret('alive-env', live) });
+  await core.createNamespacedSecret({ namespace: ns, body: secret('ghost-env') });
+  await core.replaceNamespacedPodStatus({
+    name: 'finished',
+    namespace: ns,
+    body: { ...(await core.readNamespacedPod({ name: 'finished', namespace: ns })), status: { phase: 'Failed' } },
+  });
+
+  await deletedAt(ns, 'finished', 10_000);
+  await waitFor('the orphaned Secret to go', async () =>
+    core.readNamespacedSecret({ name: 'ghost-env', namespace: ns }).then(
+      () => undefined,
+      (err: unknown) => (err instanceof k8s.ApiException && err.code === 404 ? true : undefined),
+    ),
+  );
+  await expect(core.readNamespacedSecret({ name: 'alive-env', namespace: ns })).resolves.toBeDefined();
+  await expect(core.readNamespacedPod({ name: 'alive', namespace: ns })).resolves.toBeDefined();
+  const reasons = await waitFor('both events', async () => {
+    const events = await core.listNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${name}` });
+    const r = events.items.map((e) => e.reason);
+    return r.includes('BoxFinished') && r.includes('OrphanedSecretDeleted') ? r : undefined;
+  });
+  expect(reasons).toEqual(expect.arrayContaining(['BoxFinished', 'OrphanedSecretDeleted']));
+});
+
+test('totalBoxesCreated survives an operator restart without double counting', async () => {
+  const { name, ns } = await newPool();
+  for (const i of [0, 1, 2]) await core.createNamespacedPod({ namespace: ns, body: boxPod(`b${i}`, name) });
+  await waitFor('three boxes counted', async () => ((await pools.get(name)).status?.totalBoxesCreated === 3 ? true : undefined));
+  // A deleted box stays counted.
+  await core.deleteNamespacedPod({ name: 'b0', namespace: ns, gracePeriodSeconds: 0 });
+
+  expect(await operator.stop('SIGTERM')).toBe(0);
+  operator = await startOperator({ shard, leaseName, env: { ORPHAN_SECRET_GRACE_SECONDS: '1' } });
+  await core.createNamespacedPod({ namespace: ns, body: boxPod('b3', name) });
+  const status = await waitFor('the fourth box counted', async () => {
+    const s = (await pools.get(name)).status;
+    return s?.totalBoxesCreated === 4 && s.activeBoxes === 3 ? s : undefined;
+  }, { timeoutMs: 20_000 });
+  expect(status.totalBoxesCreated).toBe(4);
+  // Stays at 4 (nothing recounted as the new leader settles).
+  await new Promise((r) => setTimeout(r, 1000));
+  expect((await pools.get(name)).status?.totalBoxesCreated).toBe(4);
+});
