@@ -1,6 +1,8 @@
 // Helpers for integration tests against the local cluster that jest's globalSetup starts.
 // Every test creates its own namespace and deletes it afterwards.
 import { randomBytes } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { Writable } from 'node:stream';
 import * as k8s from '@kubernetes/client-node';
 
@@ -126,4 +128,57 @@ export function exitCodeOf(status: k8s.V1Status): number {
   const cause = status.details?.causes?.find((c) => c.reason === 'ExitCode');
   if (cause?.message === undefined) throw new Error(`exec failed: ${status.message ?? JSON.stringify(status)}`);
   return Number(cause.message);
+}
+
+/** Label (and taint key) of the local cluster's real node (test/cluster/real-node/). */
+export const REAL_NODE_LABEL = 'sandbox-bridge.io/real-node';
+
+export type RealNode = { available: true; name: string } | { available: false; reason: string };
+
+/**
+ * Whether the local cluster has its real node (kubelet + containerd + runc) up and Ready.
+ * When it has not, `reason` says why: the cause test/cluster/up.sh recorded in
+ * .cluster/real-node.unavailable (not root, packages missing, kubelet failed, --no-real-node),
+ * or what the API shows.
+ */
+export async function realNodeAvailable(kc: k8s.KubeConfig = testKubeConfig()): Promise<RealNode> {
+  const core = kc.makeApiClient(k8s.CoreV1Api);
+  const recorded = () => {
+    const kubeconfig = process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG;
+    const file = kubeconfig ? join(dirname(kubeconfig), 'real-node.unavailable') : undefined;
+    return file && existsSync(file) ? readFileSync(file, 'utf8').trim() : undefined;
+  };
+  let nodes: k8s.V1NodeList;
+  try {
+    nodes = await core.listNode({ labelSelector: `${REAL_NODE_LABEL}=true` });
+  } catch (err) {
+    return { available: false, reason: `cannot list nodes: ${String(err)}` };
+  }
+  const node = nodes.items[0];
+  if (!node) {
+    return {
+      available: false,
+      reason:
+        recorded() ??
+        `no node labelled ${REAL_NODE_LABEL}=true in the cluster (started before the real node existed? ` +
+          'run test/cluster/up.sh again, as root)',
+    };
+  }
+  const ready = node.status?.conditions?.find((c) => c.type === 'Ready');
+  if (ready?.status !== 'True') {
+    return {
+      available: false,
+      reason: `node ${node.metadata?.name} is not Ready (${ready?.reason ?? 'no Ready condition'}: ${ready?.message ?? ''})`,
+    };
+  }
+  return { available: true, name: node.metadata!.name! };
+}
+
+/** The node selector and toleration that put a pod on the real node (and only there). */
+export function onRealNode(spec: k8s.V1PodSpec): k8s.V1PodSpec {
+  return {
+    ...spec,
+    nodeSelector: { ...spec.nodeSelector, [REAL_NODE_LABEL]: 'true' },
+    tolerations: [...(spec.tolerations ?? []), { key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }],
+  };
 }

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Removes the real node: stops its kubelet, containers and containerd, unmounts what they left,
+# deletes the bridge, iptables chain, cgroups and /etc/hosts line of this checkout (instance id in
+# real-node.env), the Node object (if the cluster is still up) and .cluster/real-node/.
+# Leaves the image cache alone. Safe to run twice, and a no-op when there is nothing to remove.
+#
+#   test/cluster/real-node/down.sh
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+# shellcheck source=real-node.env
+. "$here/real-node.env"
+
+log() { printf '[real-node:down] %s\n' "$*" >&2; }
+d=$REAL_NODE_DIR
+
+if [ "$(id -u)" != 0 ]; then
+  [ -d "$d" ] || exit 0
+  log "ERROR: $d exists but only root can remove the real node (processes, mounts, bridge $BRIDGE)"
+  exit 1
+fi
+
+stop() { # NAME : TERM, then KILL after 20s, the process whose pid up.sh recorded
+  local pidfile=$d/run/$1.pid pid
+  [ -f "$pidfile" ] || return 0
+  pid=$(cat "$pidfile")
+  if kill -0 "$pid" 2>/dev/null; then
+    log "stopping $1 (pid $pid)"
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$pidfile"
+}
+
+stop kubelet
+
+# Containers outlive containerd (their shims are separate processes), so remove them through CRI
+# first: that also releases their CNI addresses and veths.
+if [ -S "$CONTAINERD_SOCK" ] && [ -f "$d/run/containerd.pid" ] && kill -0 "$(cat "$d/run/containerd.pid")" 2>/dev/null; then
+  ctr=(ctr --address "$CONTAINERD_SOCK" -n k8s.io)
+  if command -v crictl >/dev/null; then
+    crictl -r "unix://$CONTAINERD_SOCK" rmp -af >/dev/null 2>&1 || true
+  fi
+  for task in $("${ctr[@]}" tasks ls -q 2>/dev/null); do
+    "${ctr[@]}" tasks kill -s SIGKILL "$task" >/dev/null 2>&1 || true
+  done
+  sleep 1
+  for task in $("${ctr[@]}" tasks ls -q 2>/dev/null); do
+    "${ctr[@]}" tasks delete -f "$task" >/dev/null 2>&1 || true
+  done
+  for c in $("${ctr[@]}" containers ls -q 2>/dev/null); do
+    "${ctr[@]}" containers delete "$c" >/dev/null 2>&1 || true
+  done
+fi
+stop containerd
+
+# Shims whose containerd was ours: they carry its socket address on their command line.
+for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCK" || true); do
+  log "killing leftover shim $pid"
+  kill -9 "$pid" 2>/dev/null || true
+done
+# Any container process still in this node's cgroups (its own cgroup root) goes too.
+for h in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
+  [ -d "$h" ] || continue
+  find "$h" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u | while read -r pid; do
+    kill -9 "$pid" 2>/dev/null || true
+  done
+done
+
+# Mounts (overlay rootfs, shm, netns, emptyDirs, projected volumes) under the state dir, deepest first.
+if [ -d "$d" ]; then
+  awk -v d="$d/" 'index($2, d) == 1 { print $2 }' /proc/self/mounts | sort -r | while read -r m; do
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+  done
+fi
+# containerd 1.6 pins pod network namespaces under /run/netns (cni-<uuid>).
+for ns in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do
+  # Only namespaces holding an address of our pod subnet are ours.
+  if ip -n "$ns" -4 addr show eth0 2>/dev/null | grep -q "inet ${POD_SUBNET%.*}\."; then
+    ip netns delete "$ns" 2>/dev/null || true
+  fi
+done
+
+# The cgroup root and everything the kubelet made under it (kubepods, burstable, pod<uid>, ...),
+# leaves first; a cgroup whose last process is still exiting can take a moment to go.
+for _ in 1 2 3 4 5; do
+  left=false
+  for h in /sys/fs/cgroup/*/"$CGROUP_ROOT" /sys/fs/cgroup/"$CGROUP_ROOT"; do
+    [ -d "$h" ] || continue
+    find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    [ -d "$h" ] && left=true
+  done
+  $left || break
+  sleep 0.5
+done
+$left && log "WARNING: could not remove all of /sys/fs/cgroup/*/$CGROUP_ROOT"
+
+# containerd 1.6 keeps shim sockets in /run/containerd/s whatever its state dir; drop the dirs
+# only if empty, in case another containerd uses them.
+rmdir /run/containerd/s /run/containerd/fifo /run/containerd/runc/k8s.io /run/containerd/runc /run/containerd 2>/dev/null || true
+
+if ip link show "$BRIDGE" >/dev/null 2>&1; then
+  log "deleting bridge $BRIDGE"
+  ip link delete "$BRIDGE" || true
+fi
+for chain in INPUT FORWARD; do
+  while iptables -C "$chain" -j "$CHAIN" 2>/dev/null; do iptables -D "$chain" -j "$CHAIN"; done
+done
+iptables -F "$CHAIN" 2>/dev/null || true
+iptables -X "$CHAIN" 2>/dev/null || true
+sed -i "/$HOSTS_MARKER\$/d" /etc/hosts
+
+# The kubelet's own iptables chains (KUBE-FIREWALL guards 127.0.0.0/8; the canaries and the hint
+# are for kube-proxy), unless another kubelet on this machine still uses them.
+if ! pgrep -x kubelet >/dev/null; then
+  for ipt in iptables ip6tables; do
+    command -v "$ipt" >/dev/null || continue
+    for chain in INPUT OUTPUT; do
+      while "$ipt" -C "$chain" -j KUBE-FIREWALL 2>/dev/null; do "$ipt" -D "$chain" -j KUBE-FIREWALL; done
+    done
+    for t_c in filter/KUBE-FIREWALL filter/KUBE-KUBELET-CANARY nat/KUBE-KUBELET-CANARY \
+               mangle/KUBE-KUBELET-CANARY mangle/KUBE-IPTABLES-HINT; do
+      "$ipt" -t "${t_c%/*}" -F "${t_c#*/}" 2>/dev/null && "$ipt" -t "${t_c%/*}" -X "${t_c#*/}" 2>/dev/null || true
+    done
+  done
+fi
+
+if [ -f "$KUBECONFIG" ] && kubectl get --raw /readyz >/dev/null 2>&1; then
+  kubectl delete node "$REAL_NODE_NAME" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+fi
+
+rm -rf "$d"
+log "real node removed"

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Builds the real node's container images without docker or a registry (none is reachable here)
+# and imports them into the real node's containerd (namespace k8s.io, where the CRI plugin looks).
+#
+#   test/cluster/real-node/images.sh [--build-only] [--address SOCKET]
+#
+# Images (hand-made OCI image layouts, one uncompressed layer each):
+#   registry.k8s.io/pause:3.10.1   Kubernetes' pause.c compiled statically; containerd's sandbox_image
+#   sandbox-bridge/box:dev         busybox-static (sh + every applet), /workspace, /tmp, user 65534
+#                                  (also named docker.io/sandbox-bridge/box:dev, the name CRI
+#                                  normalizes "sandbox-bridge/box:dev" to)
+# Tarballs are cached under ~/.cache/sandbox-bridge/images/ by a hash of their inputs, so a rerun
+# only re-imports (and skips that too when containerd already has the same digest).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+# shellcheck source=../versions.env
+. "$here/../versions.env"
+# shellcheck source=real-node.env
+. "$here/real-node.env"
+
+build_only=false
+address=$CONTAINERD_SOCK
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-only) build_only=true; shift ;;
+    --address) address=$2; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "images.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+log() { printf '[real-node:images] %s\n' "$*" >&2; }
+cache=${SANDBOX_BRIDGE_CACHE:-$HOME/.cache/sandbox-bridge}/images
+mkdir -p "$cache"
+
+# Fixed timestamps, ordering and numeric owners make the layer (and so every digest) reproducible.
+tar_layer() { # ROOTFS OUT
+  tar --sort=name --mtime=@0 --numeric-owner --format=gnu -C "$1" -cf "$2" .
+}
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+size() { stat -c %s "$1"; }
+
+# make_image OUT ROOTFS CONFIG_JSON NAME... : writes an OCI image layout tarball for ROOTFS with
+# the given image "config" object, naming it NAME... via the annotations `ctr import` reads.
+make_image() {
+  local out=$1 rootfs=$2 config=$3; shift 3
+  local dir; dir=$(mktemp -d)
+  mkdir -p "$dir/blobs/sha256"
+  tar_layer "$rootfs" "$dir/layer.tar"
+  local layer_sha layer_size
+  layer_sha=$(sha "$dir/layer.tar"); layer_size=$(size "$dir/layer.tar")
+  mv "$dir/layer.tar" "$dir/blobs/sha256/$layer_sha"
+
+  jq -cn --argjson config "$config" --arg diff "sha256:$layer_sha" '{
+      architecture: "amd64", os: "linux", created: "1970-01-01T00:00:00Z",
+      config: $config,
+      rootfs: {type: "layers", diff_ids: [$diff]},
+      history: [{created: "1970-01-01T00:00:00Z", created_by: "test/cluster/real-node/images.sh"}]
+    }' > "$dir/config.json"
+  local config_sha config_size
+  config_sha=$(sha "$dir/config.json"); config_size=$(size "$dir/config.json")
+  mv "$dir/config.json" "$dir/blobs/sha256/$config_sha"
+
+  jq -cn --arg c "sha256:$config_sha" --argjson cs "$config_size" \
+         --arg l "sha256:$layer_sha" --argjson ls "$layer_size" '{
+      schemaVersion: 2,
+      mediaType: "application/vnd.oci.image.manifest.v1+json",
+      config: {mediaType: "application/vnd.oci.image.config.v1+json", digest: $c, size: $cs},
+      layers: [{mediaType: "application/vnd.oci.image.layer.v1.tar", digest: $l, size: $ls}]
+    }' > "$dir/manifest.json"
+  local manifest_sha manifest_size
+  manifest_sha=$(sha "$dir/manifest.json"); manifest_size=$(size "$dir/manifest.json")
+  mv "$dir/manifest.json" "$dir/blobs/sha256/$manifest_sha"
+
+  # One index entry per name: containerd's importer names an image after io.containerd.image.name.
+  printf '%s\n' "$@" | jq -cR --arg m "sha256:$manifest_sha" --argjson ms "$manifest_size" '{
+      mediaType: "application/vnd.oci.image.manifest.v1+json", digest: $m, size: $ms,
+      platform: {architecture: "amd64", os: "linux"},
+      annotations: {"io.containerd.image.name": ., "org.opencontainers.image.ref.name": (. | sub(".*:"; ""))}
+    }' | jq -cs '{schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json", manifests: .}' \
+    > "$dir/index.json"
+  printf '{"imageLayoutVersion":"1.0.0"}' > "$dir/oci-layout"
+
+  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu \
+    -C "$dir" -cf "$out.tmp" oci-layout index.json blobs
+  mv "$out.tmp" "$out"
+  rm -rf "$dir"
+  log "built $out (manifest sha256:$manifest_sha)"
+}
+
+# --- pause ---------------------------------------------------------------------------------------
+pause_src=$(go env GOMODCACHE)/k8s.io/kubernetes@$KUBERNETES_VERSION/build/pause/linux/pause.c
+if [ ! -f "$pause_src" ]; then
+  log "fetching k8s.io/kubernetes@$KUBERNETES_VERSION into the Go module cache for pause.c"
+  (cd "$cache" && GOFLAGS=-mod=mod go mod download "k8s.io/kubernetes@$KUBERNETES_VERSION")
+fi
+pause_key=$( { cat "$pause_src"; gcc --version | head -1; sed -n '/^# --- pause/,/^# --- box/p' "$0"; \
+  declare -f make_image tar_layer; echo "$PAUSE_IMAGE"; } | sha256sum | cut -c1-16)
+pause_tar=$cache/pause-$pause_key.tar
+if [ ! -f "$pause_tar" ]; then
+  work=$(mktemp -d)
+  mkdir -p "$work/rootfs"
+  # Same flags as build/pause/Makefile; -static because the image holds nothing else.
+  gcc -Os -Wall -Werror -static -DVERSION="v${PAUSE_IMAGE##*:}-sandbox-bridge" \
+    -o "$work/rootfs/pause" "$pause_src"
+  strip "$work/rootfs/pause"
+  make_image "$pause_tar" "$work/rootfs" \
+    '{"User":"65535:65535","Entrypoint":["/pause"]}' "$PAUSE_IMAGE"
+  rm -rf "$work"
+else
+  log "pause image cached: $pause_tar"
+fi
+
+# --- box -----------------------------------------------------------------------------------------
+busybox=/bin/busybox
+# Debian's busybox-static puts a static busybox at /bin/busybox; the dynamic "busybox" package
+# would not run in an image without libc (ldd fails on a static binary).
+if ! "$busybox" --list >/dev/null 2>&1 || ldd "$busybox" >/dev/null 2>&1; then
+  log "ERROR: $busybox is not a static busybox: install the busybox-static package"
+  exit 1
+fi
+box_key=$( { sha256sum "$busybox"; sed -n '/^# --- box/,/^# --- import/p' "$0"; \
+  declare -f make_image tar_layer; echo "$BOX_IMAGES"; } | sha256sum | cut -c1-16)
+box_tar=$cache/box-$box_key.tar
+if [ ! -f "$box_tar" ]; then
+  work=$(mktemp -d)
+  r=$work/rootfs
+  mkdir -p "$r/bin" "$r/sbin" "$r/usr/bin" "$r/usr/sbin" "$r/etc" "$r/root" "$r/workspace" "$r/tmp" \
+    "$r/proc" "$r/sys" "$r/dev" "$r/run" "$r/var/tmp" "$r/home/nobody"
+  cp "$busybox" "$r/bin/busybox"
+  # Every applet as a relative symlink at its usual path (bin/sh, usr/bin/timeout, ...).
+  "$busybox" --list-full | while read -r applet; do
+    case "$applet" in bin/busybox|linuxrc) continue ;; esac
+    up=$(sed 's#[^/]*/#../#g; s#[^/]*$##' <<<"$applet")
+    ln -sf "${up}bin/busybox" "$r/$applet"
+  done
+  cat > "$r/etc/passwd" <<'EOF'
+root:x:0:0:root:/root:/bin/sh
+nobody:x:65534:65534:nobody:/home/nobody:/bin/sh
+EOF
+  cat > "$r/etc/group" <<'EOF'
+root:x:0:
+nogroup:x:65534:
+nobody:x:65534:
+EOF
+  printf 'hosts: files dns\n' > "$r/etc/nsswitch.conf"
+  # Boxes run as 65534 on an emptyDir /workspace, but the image's own dirs must work too.
+  chown 65534:65534 "$r/workspace" "$r/home/nobody"
+  chmod 0755 "$r/workspace"
+  chmod 1777 "$r/tmp" "$r/var/tmp"
+  make_image "$box_tar" "$r" '{
+      "User": "65534:65534",
+      "WorkingDir": "/workspace",
+      "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/home/nobody"],
+      "Cmd": ["/bin/sh"]
+    }' $BOX_IMAGES
+  rm -rf "$work"
+else
+  log "box image cached: $box_tar"
+fi
+
+# --- import --------------------------------------------------------------------------------------
+$build_only && { printf '%s\n%s\n' "$pause_tar" "$box_tar"; exit 0; }
+[ -S "$address" ] || { log "containerd socket $address not found (start it with up.sh, or pass --build-only)"; exit 1; }
+ctr=(ctr --address "$address" -n k8s.io)
+import() { # TARBALL NAME...
+  local tarball=$1; shift
+  local want have
+  want=$(tar -xOf "$tarball" index.json | jq -r '.manifests[0].digest')
+  for name in "$@"; do
+    have=$("${ctr[@]}" images ls "name==$name" 2>/dev/null | awk 'NR==2{print $3}')
+    if [ "$have" != "$want" ]; then
+      log "importing $tarball ($*)"
+      "${ctr[@]}" images import --all-platforms "$tarball" >&2
+      return
+    fi
+  done
+  log "already imported: $*"
+}
+import "$pause_tar" "$PAUSE_IMAGE"
+# shellcheck disable=SC2086
+import "$box_tar" $BOX_IMAGES

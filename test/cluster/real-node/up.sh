@@ -1,0 +1,356 @@
+#!/usr/bin/env bash
+# Adds one real node to the running local cluster: a kubelet on containerd (CRI) + runc + CNI
+# bridge on this machine, so pods that select and tolerate it run in real containers.
+#
+#   test/cluster/real-node/up.sh            (needs root, and a running cluster from test/cluster/up.sh;
+#                                            test/cluster/up.sh runs this itself unless --no-real-node)
+#
+# Pods land there only with
+#   nodeSelector: {sandbox-bridge.io/real-node: "true"}
+#   tolerations:  [{key: sandbox-bridge.io/real-node, operator: Exists, effect: NoSchedule}]
+# and imagePullPolicy IfNotPresent/Never (images come from images.sh; no registry is reachable).
+# Everything lives under .cluster/real-node/ plus, named with this checkout's instance id
+# (real-node.env), the bridge sbx-<id>, the iptables chain SBX-RN-<id> and the cgroup
+# sandbox-bridge-<id>; down.sh removes them all. Idempotent: running processes are reused.
+# On failure the reason is printed and written to .cluster/real-node.unavailable (the tests
+# print it when they skip).
+set -Eeuo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+# shellcheck source=../versions.env
+. "$here/../versions.env"
+# shellcheck source=real-node.env
+. "$here/real-node.env"
+
+log() { printf '[real-node:up] %s\n' "$*" >&2; }
+die() {
+  trap - ERR
+  log "ERROR: $*"
+  { mkdir -p "$CLUSTER_DIR" && printf '%s\n' "$*" > "$REAL_NODE_UNAVAILABLE"; } 2>/dev/null || true
+  exit 1
+}
+trap 'die "unexpected failure at real-node/up.sh line $LINENO: $BASH_COMMAND"' ERR
+running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }  # PIDFILE
+start=$(date +%s)
+
+[ "$(id -u)" = 0 ] || die "must run as root (containerd, runc, the pod bridge, iptables and cgroups need it); running as uid $(id -u)"
+[ -d /sys/fs/cgroup/memory ] || [ -f /sys/fs/cgroup/cgroup.controllers ] || die "no cgroup filesystem at /sys/fs/cgroup"
+
+d=$REAL_NODE_DIR
+mkdir -p "$d"/{containerd/root,containerd/state,containerd/opt,runc,cni/net.d,cni/ipam,kubelet/root,kubelet/pki,pod-logs,logs,run}
+
+# --- packages ------------------------------------------------------------------------------------
+# .ci/run installs these up front; a developer machine gets them here on first use.
+static_busybox() { [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 && ! ldd /bin/busybox >/dev/null 2>&1; }
+missing=()
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || missing+=(containernetworking-plugins)
+static_busybox || missing+=(busybox-static)
+command -v iptables >/dev/null || missing+=(iptables)
+command -v ip >/dev/null || missing+=(iproute2)
+command -v pgrep >/dev/null || missing+=(procps)
+command -v openssl >/dev/null || missing+=(openssl)
+command -v jq >/dev/null || missing+=(jq)
+command -v gcc >/dev/null || missing+=(gcc)
+if [ ${#missing[@]} -gt 0 ]; then
+  command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get to install them"
+  log "installing ${missing[*]}"
+  apt-get update -qq >"$d/logs/apt.log" 2>&1 || die "apt-get update failed (see $d/logs/apt.log); missing packages: ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >>"$d/logs/apt.log" 2>&1 ||
+    die "could not install ${missing[*]}: $(tail -3 "$d/logs/apt.log" | tr '\n' ' ')"
+fi
+
+# --- the cluster ---------------------------------------------------------------------------------
+# Checked before anything starts, so a cluster the node cannot join costs nothing to clean up.
+[ -x "$KUBELET_BIN" ] || die "kubelet not built yet: $KUBELET_BIN (run test/cluster/build.sh)"
+kubectl get --raw /readyz >/dev/null 2>&1 || die "cluster not reachable with $KUBECONFIG (run test/cluster/up.sh)"
+[ -f "$KWOK_PKI/ca.crt" ] || die "cluster CA not found at $KWOK_PKI/ca.crt"
+server=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+if running "$d/run/kubelet.pid" && [ "$(cat "$d/kubelet/server" 2>/dev/null)" != "$server" ]; then
+  die "the real node's kubelet is attached to another cluster ($(cat "$d/kubelet/server" 2>/dev/null)); run down.sh first"
+fi
+apiserver_args=""
+for pid in $(pgrep -x kube-apiserver || true); do  # the one serving our kubeconfig's port
+  args=$(tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null || true)
+  grep -qx -- "--secure-port=${server##*:}" <<<"$args" && apiserver_args=$args
+done
+
+# kwokctl's binary runtime starts the kwok controller with --manage-all-nodes=true: it would take
+# the real node over (heartbeats, and daemonEndpoints pointing at kwok's own port, so exec and
+# logs go to kwok and fail with "connection refused"), and fake the status of its pods.
+kwok_cluster_dir=$(dirname "$KWOK_PKI")
+for pid in $(pgrep -x kwok-controller || true); do
+  args=$(tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null || true)
+  if grep -q -- "--kubeconfig=$kwok_cluster_dir/" <<<"$args" && grep -qx -- '--manage-all-nodes=true' <<<"$args"; then
+    die "the kwok controller of this cluster manages all nodes (--manage-all-nodes=true), so it would hijack $REAL_NODE_NAME; the cluster was created from an older test/cluster/kwok.yaml: recreate it with test/cluster/down.sh && test/cluster/up.sh"
+  fi
+done
+
+# --- network -------------------------------------------------------------------------------------
+# The bridge is made here rather than by the CNI plugin so that the node IP exists before the
+# kubelet starts; the plugin reuses it. Pods get no default route (isGateway false), and the
+# $CHAIN chain stops them from opening connections to the host (the kubelet API listens
+# on the bridge address) or being forwarded anywhere else: box traffic never leaves this machine.
+# Another interface (e.g. another checkout's real node) already using the subnet would clash.
+clash=$(ip -o -4 addr show | awk -v br="$BRIDGE" -v net="${POD_SUBNET%.*}." '$2 != br && index($4, net) == 1 {print $2}')
+[ -z "$clash" ] || die "pod subnet $POD_SUBNET is already in use on interface $clash; pick another with REAL_NODE_SUBNET=10.251.N.0/24"
+if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+  ip link add "$BRIDGE" type bridge || die "cannot create bridge $BRIDGE (ip link add type bridge failed)"
+fi
+ip addr show dev "$BRIDGE" | grep -q " $NODE_IP/" || ip addr add "$NODE_IP/${POD_SUBNET#*/}" dev "$BRIDGE"
+ip link set "$BRIDGE" up
+iptables -N "$CHAIN" 2>/dev/null || true
+iptables -F "$CHAIN"
+iptables -A "$CHAIN" -i "$BRIDGE" -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+iptables -A "$CHAIN" -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT
+iptables -A "$CHAIN" -i "$BRIDGE" -j DROP
+iptables -A "$CHAIN" -o "$BRIDGE" ! -i "$BRIDGE" -m conntrack ! --ctstate ESTABLISHED,RELATED -j DROP
+for chain in INPUT FORWARD; do
+  iptables -C "$chain" -j "$CHAIN" 2>/dev/null || iptables -I "$chain" 1 -j "$CHAIN"
+done
+
+cat > "$d/cni/net.d/10-sbx-real-node.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "sbx-real-node-$REAL_NODE_ID",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$BRIDGE",
+      "isGateway": false,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$d/cni/ipam",
+        "ranges": [[{"subnet": "$POD_SUBNET", "rangeStart": "${POD_SUBNET%.*}.10", "rangeEnd": "${POD_SUBNET%.*}.250", "gateway": "$NODE_IP"}]]
+      }
+    }
+  ]
+}
+EOF
+
+# --- containerd ----------------------------------------------------------------------------------
+# Own root, state, socket and runc root, so it never meets another containerd on the machine.
+cat > "$d/containerd/config.toml" <<EOF
+version = 2
+root = "$d/containerd/root"
+state = "$d/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "$CONTAINERD_SOCK"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$d/containerd/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  # This machine withholds CAP_SYS_RESOURCE even from root, so runc cannot give the pause
+  # container its -998 oom_score_adj ("can't get final child's PID from pipe: EOF"); clamp
+  # scores at containerd's own instead.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    discard_unpacked_layers = false
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "$(command -v runc)"
+        Root = "$d/runc"
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$d/cni/net.d"
+    max_conf_num = 1
+EOF
+
+if running "$d/run/containerd.pid"; then
+  log "containerd already running (pid $(cat "$d/run/containerd.pid"))"
+else
+  log "starting containerd ($(containerd --version | awk '{print $3}'))"
+  rm -f "$CONTAINERD_SOCK"
+  # setsid: the daemons must outlive this script and the shell that ran it.
+  setsid containerd --config "$d/containerd/config.toml" >>"$d/logs/containerd.log" 2>&1 < /dev/null &
+  echo $! > "$d/run/containerd.pid"
+fi
+for _ in $(seq 1 60); do
+  ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1 && break
+  running "$d/run/containerd.pid" || die "containerd exited; see $d/logs/containerd.log"
+  sleep 0.5
+done
+ctr --address "$CONTAINERD_SOCK" version >/dev/null || die "containerd did not come up; see $d/logs/containerd.log"
+
+{ bash "$here/images.sh" --address "$CONTAINERD_SOCK" 2>&1 1>&3 | tee "$d/logs/images.log" >&2; } 3>&1 ||
+  die "building or importing the images failed: $(tail -3 "$d/logs/images.log" | tr '\n' ' ')"
+
+# --- kubelet credentials -------------------------------------------------------------------------
+# The kubelet gets its own client cert (system:node:<name>, so the Node authorizer and
+# NodeRestriction treat it like any node) and a serving cert for the node IP, both signed by
+# the kwokctl cluster CA, so that API server and metrics-server clients using that CA verify.
+pki=$d/kubelet/pki
+issue() { # NAME SUBJECT EXT
+  local name=$1 subj=$2 ext=$3
+  [ -f "$pki/$name.crt" ] && openssl x509 -noout -checkend 3600 -in "$pki/$name.crt" >/dev/null &&
+    openssl verify -CAfile "$KWOK_PKI/ca.crt" "$pki/$name.crt" >/dev/null 2>&1 && return
+  openssl req -new -newkey rsa:2048 -nodes -keyout "$pki/$name.key" -subj "$subj" -out "$pki/$name.csr" 2>/dev/null
+  printf '%s\n' "$ext" > "$pki/$name.ext"
+  if [ -f "$KWOK_PKI/ca.key" ]; then
+    openssl x509 -req -in "$pki/$name.csr" -CA "$KWOK_PKI/ca.crt" -CAkey "$KWOK_PKI/ca.key" \
+      -CAcreateserial -CAserial "$pki/ca.srl" -days 365 -extfile "$pki/$name.ext" -out "$pki/$name.crt" 2>/dev/null
+  else
+    die "no $KWOK_PKI/ca.key to sign the kubelet's certificates with"
+  fi
+}
+issue client "/O=system:nodes/CN=system:node:$REAL_NODE_NAME" \
+  "extendedKeyUsage=clientAuth
+keyUsage=critical,digitalSignature,keyEncipherment"
+issue serving "/CN=$REAL_NODE_NAME" \
+  "extendedKeyUsage=serverAuth
+keyUsage=critical,digitalSignature,keyEncipherment
+subjectAltName=DNS:$REAL_NODE_NAME,IP:$NODE_IP,IP:127.0.0.1"
+kubectl config --kubeconfig "$d/kubelet/kubeconfig" set-cluster local \
+  --server "$server" --certificate-authority "$KWOK_PKI/ca.crt" --embed-certs >/dev/null
+kubectl config --kubeconfig "$d/kubelet/kubeconfig" set-credentials kubelet \
+  --client-certificate "$pki/client.crt" --client-key "$pki/client.key" --embed-certs >/dev/null
+kubectl config --kubeconfig "$d/kubelet/kubeconfig" set-context local --cluster local --user kubelet >/dev/null
+kubectl config --kubeconfig "$d/kubelet/kubeconfig" use-context local >/dev/null
+
+# --- how the API server reaches the kubelet ------------------------------------------------------
+# exec/logs/port-forward go API server -> kubelet. Two things depend on the API server's flags:
+#  * It picks the node address by --kubelet-preferred-address-types, Hostname first by default;
+#    the Hostname address is the node name, which no DNS here knows (and looking it up would
+#    send a query off the machine). Unless InternalIP comes first, map the name in /etc/hosts.
+#  * Without --kubelet-client-certificate it calls the kubelet anonymously; the kubelet then has
+#    to allow anonymous requests. It listens only on the bridge address, which pods cannot
+#    reach ($CHAIN), so only local processes can talk to it.
+hosts_marker=$HOSTS_MARKER
+if grep -q -- '--kubelet-preferred-address-types=InternalIP' <<<"$apiserver_args"; then
+  sed -i "/$hosts_marker\$/d" /etc/hosts
+else
+  if ! grep -q "^$NODE_IP $REAL_NODE_NAME $hosts_marker\$" /etc/hosts; then
+    log "API server prefers Hostname addresses: mapping $REAL_NODE_NAME to $NODE_IP in /etc/hosts"
+    sed -i "/$hosts_marker\$/d" /etc/hosts
+    printf '%s %s %s\n' "$NODE_IP" "$REAL_NODE_NAME" "$hosts_marker" >> /etc/hosts
+  fi
+fi
+if grep -q -- '--kubelet-client-certificate=' <<<"$apiserver_args"; then
+  anonymous=false authz_mode=Webhook
+else
+  log "API server has no --kubelet-client-certificate: kubelet API allows anonymous access (bound to $NODE_IP only)"
+  anonymous=true authz_mode=AlwaysAllow
+fi
+
+# --- cgroups -------------------------------------------------------------------------------------
+# The kubelet's pods go under a cgroup root of this checkout's own (not the machine-wide
+# /kubepods), so down.sh can kill and remove exactly what this node made. The kubelet requires
+# the root to exist in every hierarchy; a fresh v1 cpuset cgroup has no cpus/mems until given
+# its parent's.
+for h in /sys/fs/cgroup/*/; do
+  mountpoint -q "$h" || continue
+  mkdir -p "$h$CGROUP_ROOT"
+  if [ -f "${h}cpuset.cpus" ]; then
+    [ "$(tr -d '\n' < "$h$CGROUP_ROOT/cpuset.cpus")" != "" ] || cat "${h}cpuset.cpus" > "$h$CGROUP_ROOT/cpuset.cpus"
+    [ "$(tr -d '\n' < "$h$CGROUP_ROOT/cpuset.mems")" != "" ] || cat "${h}cpuset.mems" > "$h$CGROUP_ROOT/cpuset.mems"
+  fi
+done
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then mkdir -p "/sys/fs/cgroup/$CGROUP_ROOT"; fi  # pure cgroup v2
+
+# --- kubelet -------------------------------------------------------------------------------------
+# Pods resolve through this file (there is no cluster DNS); it names nothing they could reach.
+printf 'nameserver 127.0.0.1\noptions ndots:1\n' > "$d/kubelet/resolv.conf"
+cat > "$d/kubelet/config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: $NODE_IP
+healthzPort: 10248
+containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
+imageServiceEndpoint: unix://$CONTAINERD_SOCK
+# No systemd here, and the machine has cgroup v1 hierarchies (hybrid): 1.35 refuses v1
+# unless failCgroupV1 is false.
+cgroupDriver: cgroupfs
+failCgroupV1: false
+cgroupRoot: /$CGROUP_ROOT
+cgroupsPerQOS: true
+enforceNodeAllocatable: [pods]
+failSwapOn: false
+tlsCertFile: $pki/serving.crt
+tlsPrivateKeyFile: $pki/serving.key
+rotateCertificates: false
+serverTLSBootstrap: false
+authentication:
+  anonymous: {enabled: $anonymous}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $KWOK_PKI/ca.crt}
+authorization:
+  mode: $authz_mode
+registerNode: true
+registerWithTaints:
+- {key: $REAL_NODE_KEY, value: "true", effect: NoSchedule}
+resolvConf: $d/kubelet/resolv.conf
+podLogsDir: $d/pod-logs
+volumePluginDir: $d/kubelet/volume-plugins
+staticPodPath: ""
+maxPods: 30
+# Boxes run untrusted commands: a fork bomb stops at the pod's pid limit.
+podPidsLimit: 4096
+serializeImagePulls: false
+# A shared dev box: evict only when really out of resources, and never garbage-collect the
+# locally built images (they cannot be pulled back).
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 1%
+  nodefs.inodesFree: 1%
+  imagefs.available: 1%
+  imagefs.inodesFree: 1%
+evictionPressureTransitionPeriod: 30s
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+# Quick status for tests.
+nodeStatusUpdateFrequency: 10s
+syncFrequency: 10s
+shutdownGracePeriod: 0s
+logging: {format: text}
+EOF
+
+if running "$d/run/kubelet.pid"; then
+  log "kubelet already running (pid $(cat "$d/run/kubelet.pid")); restart it with down.sh + up.sh to apply changes"
+else
+  log "starting kubelet ($("$KUBELET_BIN" --version)) as node $REAL_NODE_NAME"
+  setsid "$KUBELET_BIN" \
+    --config "$d/kubelet/config.yaml" \
+    --kubeconfig "$d/kubelet/kubeconfig" \
+    --root-dir "$d/kubelet/root" \
+    --cert-dir "$pki" \
+    --hostname-override "$REAL_NODE_NAME" \
+    --node-ip "$NODE_IP" \
+    --node-labels "$REAL_NODE_KEY=true" \
+    --v 2 >>"$d/logs/kubelet.log" 2>&1 < /dev/null &
+  echo $! > "$d/run/kubelet.pid"
+  echo "$server" > "$d/kubelet/server"
+fi
+
+log "waiting for node $REAL_NODE_NAME to be Ready"
+for _ in $(seq 1 180); do
+  running "$d/run/kubelet.pid" || die "kubelet exited: $(grep -v '^\s*$' "$d/logs/kubelet.log" | tail -1)
+last lines of its log ($d/logs/kubelet.log, kept in .cluster/real-node.logs/ by test/cluster/up.sh):
+$(tail -20 "$d/logs/kubelet.log")"
+  [ "$(kubectl get node "$REAL_NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] && break
+  sleep 1
+done
+[ "$(kubectl get node "$REAL_NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] ||
+  die "node $REAL_NODE_NAME not Ready after 180s; see $d/logs/kubelet.log"
+rm -f "$REAL_NODE_UNAVAILABLE"
+log "node $REAL_NODE_NAME Ready in $(( $(date +%s) - start ))s (logs: $d/logs/)"
