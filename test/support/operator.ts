@@ -163,11 +163,17 @@ export async function startOperator(options: OperatorOptions): Promise<OperatorP
       return exited;
     },
   };
-  await waitFor(`operator ${name} to serve /readyz`, async () => {
-    if (proc.exitCode !== null) throw new Error(`operator exited with ${proc.exitCode}:\n${output}`);
+  let exitedEarly = false;
+  const ready = waitFor(`operator ${name} to serve /readyz`, async () => {
+    if (exitedEarly) return false;
     const res = await fetch(`http://127.0.0.1:${port}/readyz`).catch(() => undefined);
     return res?.ok ? true : undefined;
   });
+  const outcome = await Promise.race([ready, exited.then((code) => ({ code }))]);
+  if (typeof outcome === 'object') {
+    exitedEarly = true;
+    throw new Error(`operator exited with ${outcome.code}:\n${output}`);
+  }
   return op;
 }
 
