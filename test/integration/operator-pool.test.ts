@@ -55,7 +55,7 @@ test('a pool gets a labelled namespace, quota, limit range and network policy, a
   expect(quota.metadata?.ownerReferences).toEqual([owner]);
 
   const limits = await core.readNamespacedLimitRange({ name: 'sandbox-bridge-limits', namespace: ns });
-  expect(limits.spec.limits).toEqual([
+  expect(limits.spec!.limits).toEqual([
     expect.objectContaining({
       type: 'Container',
       max: { cpu: '4', memory: '4Gi' },
@@ -104,8 +104,8 @@ test('editing the pool makes the children follow', async () => {
     const ok =
       nsObj.metadata?.labels?.['pod-security.kubernetes.io/enforce'] === 'privileged' &&
       JSON.stringify(quota.spec?.hard) === JSON.stringify({ pods: '7' }) &&
-      limits.spec.limits[0]?.max?.cpu === '2' &&
-      limits.spec.limits[0]?._default?.memory === '256Mi' &&
+      limits.spec!.limits[0]?.max?.cpu === '2' &&
+      limits.spec!.limits[0]?._default?.memory === '256Mi' &&
       JSON.stringify(policy.spec?.egress?.[1]) ===
         JSON.stringify({ to: [{ ipBlock: { cidr: '10.0.0.0/8', except: ['10.96.0.0/12'] } }, { ipBlock: { cidr: '8.8.8.8/32' } }] });
     return ok ? true : undefined;
@@ -134,7 +134,7 @@ test('a deleted or edited child is repaired', async () => {
     ]);
     return nsObj.metadata?.labels?.['pod-security.kubernetes.io/enforce'] === 'restricted' &&
       quota.spec?.hard?.pods === '50' &&
-      limits.spec.limits[0]?.max?.cpu === '4' &&
+      limits.spec!.limits[0]?.max?.cpu === '4' &&
       policy.spec?.policyTypes?.includes('Egress')
       ? true
       : undefined;

@@ -1,0 +1,221 @@
+// Bench: the operator reaps 10,000 already-expired boxes on a cluster of 1,000 simulated nodes.
+// Targets: all deleted within 60 s of the operator starting, operator RSS <= 256 MiB.
+//
+//   npm run bench:operator                (BENCH_BOXES=10000 BENCH_NODES=1000 by default)
+//
+// Scales the local cluster to BENCH_NODES kwok nodes (test/cluster/up.sh), creates the boxes
+// bound round-robin to those nodes (spec.nodeName, so creating them does not also benchmark the
+// scheduler) with an expires-at in the past, then starts `node dist/operator/main.js` and
+// measures: time until every delete was issued, time until every pod is gone from the API (kwok
+// finalizes the graceful deletions), and the operator's peak RSS sampled from /proc every 100 ms.
+// Afterwards it deletes its pool, namespace and lease, and removes the nodes it added.
+import { spawn, spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import * as k8s from '@kubernetes/client-node';
+
+const ROOT = process.cwd();
+const BOXES = Number(process.env.BENCH_BOXES ?? 10_000);
+const NODES = Number(process.env.BENCH_NODES ?? 1000);
+const CREATE_CONCURRENCY = Number(process.env.BENCH_CREATE_CONCURRENCY ?? 64);
+const KEEP_NODES = process.env.BENCH_KEEP_NODES === '1';
+const KUBECONFIG = process.env.KUBECONFIG ?? join(ROOT, '.cluster/kubeconfig');
+const KUBECTL = join(ROOT, '.cluster/bin/kubectl');
+const id = randomBytes(3).toString('hex');
+const poolName = `bench-reap-${id}`;
+const ns = `bench-reap-${id}`;
+const leaseName = `bench-reap-${id}`;
+
+const kc = new k8s.KubeConfig();
+kc.loadFromFile(KUBECONFIG);
+const core = kc.makeApiClient(k8s.CoreV1Api);
+const custom = kc.makeApiClient(k8s.CustomObjectsApi);
+
+function log(msg: string): void {
+  process.stderr.write(`[bench] ${msg}\n`);
+}
+
+function kubectl(...args: string[]): string {
+  const r = spawnSync(KUBECTL, ['--kubeconfig', KUBECONFIG, ...args], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`kubectl ${args.join(' ')}: ${r.stderr}`);
+  return r.stdout;
+}
+
+async function mapLimit<T>(items: T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
+  let next = 0;
+  await Promise.all(Array.from({ length: limit }, async () => {
+    while (next < items.length) await fn(items[next++]!);
+  }));
+}
+
+async function countBoxes(): Promise<number> {
+  const page = await core.listNamespacedPod({ namespace: ns, labelSelector: 'sandbox-bridge.io/box=true', limit: 1 });
+  return page.items.length + (page.metadata?.remainingItemCount ?? 0);
+}
+
+function rssMiB(pid: number): number {
+  try {
+    const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) / 1024 : 0;
+  } catch {
+    return 0;
+  }
+}
+
+async function main(): Promise<void> {
+  const kwokNodes = () => kubectl('get', 'nodes', '-l', 'type=kwok', '-o', 'name').trim().split('\n').filter(Boolean);
+  const before = kwokNodes();
+  if (before.length < NODES) {
+    log(`scaling the cluster from ${before.length} to ${NODES} simulated nodes`);
+    const up = spawnSync('bash', [join(ROOT, 'test/cluster/up.sh'), '--nodes', String(NODES), '--no-real-node'], { stdio: ['ignore', 'inherit', 'inherit'] });
+    if (up.status !== 0) throw new Error('test/cluster/up.sh failed');
+  }
+  const nodes = kwokNodes().map((n) => n.replace('node/', '')).slice(0, NODES);
+  log(`${nodes.length} simulated nodes`);
+
+  kubectl('apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(ROOT, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
+  kubectl('wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
+  await core.createNamespace({ body: { metadata: { name: ns, labels: { 'pod-security.kubernetes.io/enforce': 'restricted' } } } });
+  await custom.createClusterCustomObject({
+    group: 'sandbox-bridge.io',
+    version: 'v1alpha1',
+    plural: 'sandboxpools',
+    body: {
+      apiVersion: 'sandbox-bridge.io/v1alpha1',
+      kind: 'SandboxPool',
+      metadata: { name: poolName, labels: { 'sandbox-bridge.io/bench': id } },
+      spec: { namespace: ns, maxBoxes: BOXES * 2, defaultTtlSeconds: 3600 },
+    },
+  });
+
+  const expired = new Date(Date.now() - 60_000).toISOString();
+  const createStart = Date.now();
+  let created = 0;
+  await mapLimit(Array.from({ length: BOXES }, (_, i) => i), CREATE_CONCURRENCY, async (i) => {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await core.createNamespacedPod({
+          namespace: ns,
+          body: {
+            metadata: {
+              name: `box-${i}`,
+              labels: { 'sandbox-bridge.io/box': 'true', 'sandbox-bridge.io/pool': poolName, 'app.kubernetes.io/managed-by': 'sandbox-bridge' },
+              annotations: { 'sandbox-bridge.io/expires-at': expired },
+            },
+            spec: {
+              nodeName: nodes[i % nodes.length],
+              automountServiceAccountToken: false,
+              enableServiceLinks: false,
+              securityContext: { runAsNonRoot: true, runAsUser: 65534, runAsGroup: 65534, seccompProfile: { type: 'RuntimeDefault' } },
+              containers: [{
+                name: 'box',
+                image: 'sandbox-bridge/box:dev',
+                resources: { requests: { cpu: '10m', memory: '16Mi' }, limits: { cpu: '10m', memory: '16Mi' } },
+                securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } },
+              }],
+            },
+          },
+        });
+        break;
+      } catch (err) {
+        if (err instanceof k8s.ApiException && err.code === 409) break;
+        if (attempt >= 5) throw err;
+        await new Promise((r) => setTimeout(r, 200 * (attempt + 1)));
+      }
+    }
+    if (++created % 1000 === 0) log(`created ${created}/${BOXES} boxes (${((Date.now() - createStart) / 1000).toFixed(1)} s)`);
+  });
+  const createSeconds = (Date.now() - createStart) / 1000;
+  log(`created ${BOXES} expired boxes in ${createSeconds.toFixed(1)} s (${(BOXES / createSeconds).toFixed(0)}/s)`);
+
+  // The operator under test: the real entry point, scoped to this bench's pool.
+  const port = 19000 + Math.floor(Math.random() * 1000);
+  const start = Date.now();
+  const op = spawn(join(ROOT, 'node_modules/.bin/node'), [join(ROOT, 'dist/operator/main.js')], {
+    env: {
+      PATH: process.env.PATH,
+      KUBECONFIG,
+      METRICS_PORT: String(port),
+      METRICS_HOST: '127.0.0.1',
+      LOG_LEVEL: 'warn',
+      LEASE_NAME: leaseName,
+      POD_NAME: 'bench',
+      POOL_SELECTOR: `sandbox-bridge.io/bench=${id}`,
+    },
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+  let peakRss = 0;
+  const sampler = setInterval(() => (peakRss = Math.max(peakRss, rssMiB(op.pid!))), 100);
+
+  const reapedTotal = async () => {
+    const text = await fetch(`http://127.0.0.1:${port}/metrics`).then((r) => r.text()).catch(() => '');
+    return text.split('\n').filter((l) => l.startsWith('sandbox_operator_boxes_reaped_total{')).reduce((a, l) => a + Number(l.split(' ').pop()), 0);
+  };
+  let issuedAt: number | undefined;
+  let goneAt: number | undefined;
+  const deadline = start + 300_000;
+  while (Date.now() < deadline && goneAt === undefined) {
+    await new Promise((r) => setTimeout(r, 250));
+    if (issuedAt === undefined && (await reapedTotal()) >= BOXES) issuedAt = Date.now();
+    const left = await countBoxes().catch(() => BOXES);
+    if (left === 0) goneAt = Date.now();
+  }
+  const pool = (await custom.getClusterCustomObject({ group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools', name: poolName })) as {
+    status?: { totalBoxesCreated?: number; activeBoxes?: number };
+  };
+  clearInterval(sampler);
+  peakRss = Math.max(peakRss, rssMiB(op.pid!));
+  const finalRss = rssMiB(op.pid!);
+  op.kill('SIGTERM');
+  await new Promise((r) => op.once('exit', r));
+
+  const secs = (t: number | undefined) => (t === undefined ? 'not reached' : `${((t - start) / 1000).toFixed(1)} s`);
+  const rows: Array<[string, string, string]> = [
+    ['simulated nodes', String(nodes.length), ''],
+    ['expired boxes', String(BOXES), ''],
+    ['box creation (setup)', `${createSeconds.toFixed(1)} s`, ''],
+    ['operator start -> all deletes issued', secs(issuedAt), ''],
+    ['operator start -> all boxes gone', secs(goneAt), '<= 60 s'],
+    ['operator peak RSS', `${peakRss.toFixed(0)} MiB`, '<= 256 MiB'],
+    ['operator RSS at end', `${finalRss.toFixed(0)} MiB`, ''],
+    ['status.totalBoxesCreated', String(pool.status?.totalBoxesCreated ?? '?'), `= ${BOXES}`],
+    ['status.activeBoxes', String(pool.status?.activeBoxes ?? '?'), '= 0'],
+  ];
+  const table = ['| measure | value | target |', '|---|---|---|', ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
+  const host = `${process.env.BENCH_HOST ?? ''}${(await import('node:os')).cpus().length} cores, Node ${process.versions.node}`;
+  const md = `# Operator reap bench\n\n${new Date().toISOString()} — ${host}\n\n${table}\n`;
+  process.stdout.write(`\n${table}\n`);
+  mkdirSync(join(ROOT, 'bench/results'), { recursive: true });
+  writeFileSync(join(ROOT, 'bench/results/operator-reap.md'), md);
+  writeFileSync(
+    join(ROOT, 'bench/results/operator-reap.json'),
+    JSON.stringify({
+      date: new Date().toISOString(),
+      nodes: nodes.length,
+      boxes: BOXES,
+      createSeconds,
+      issuedSeconds: issuedAt && (issuedAt - start) / 1000,
+      goneSeconds: goneAt && (goneAt - start) / 1000,
+      peakRssMiB: Math.round(peakRss),
+      totalBoxesCreated: pool.status?.totalBoxesCreated,
+    }, null, 2) + '\n',
+  );
+
+  log('cleaning up');
+  await custom.deleteClusterCustomObject({ group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools', name: poolName }).catch(() => undefined);
+  await core.deleteNamespace({ name: ns }).catch(() => undefined);
+  await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: leaseName, namespace: 'default' }).catch(() => undefined);
+  await core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${poolName}` }).catch(() => undefined);
+  if (!KEEP_NODES && before.length < NODES) {
+    const keep = new Set(before.map((n) => n.replace('node/', '')));
+    const extra = kwokNodes().map((n) => n.replace('node/', '')).filter((n) => !keep.has(n));
+    log(`removing the ${extra.length} nodes the bench added`);
+    for (let i = 0; i < extra.length; i += 200) kubectl('delete', 'node', '--wait=false', ...extra.slice(i, i + 200));
+  }
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`bench failed: ${err instanceof Error ? err.stack : String(err)}\n`);
+  process.exit(1);
+});
