@@ -35,12 +35,10 @@ export const ConfigSchema = z
     /** Express "trust proxy": set it (e.g. 1) behind an ingress so limits apply per real client. */
     TRUST_PROXY: z.string().default('false'),
     KUBE_TIMEOUT_MS: int(15_000, 100),
+    /** At start-up, give up (and exit, to be restarted) if the caches cannot fill in this time. */
+    STARTUP_TIMEOUT_MS: int(60_000, 100),
     /** On SIGTERM, in-flight requests (execs) get this long to finish. */
     SHUTDOWN_GRACE_MS: int(30_000),
-  })
-  .refine((c) => c.BRIDGE_TOKEN !== undefined || c.BRIDGE_TOKEN_FILE !== undefined, {
-    message: 'set BRIDGE_TOKEN or BRIDGE_TOKEN_FILE',
-    path: ['BRIDGE_TOKEN'],
   });
 
 export type Config = z.infer<typeof ConfigSchema>;
@@ -49,10 +47,10 @@ export class ConfigError extends Error {}
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const parsed = ConfigSchema.safeParse(env);
-  if (!parsed.success) {
-    const problems = parsed.error.issues.map((i) => `  ${i.path.join('.') || 'config'}: ${i.message}`).join('\n');
-    throw new ConfigError(`invalid bridge configuration:\n${problems}`);
-  }
+  const problems = parsed.success ? [] : parsed.error.issues.map((i) => `  ${i.path.join('.') || 'config'}: ${i.message}`);
+  // Checked here rather than in the schema so it is reported together with every other problem.
+  if (!env.BRIDGE_TOKEN && !env.BRIDGE_TOKEN_FILE) problems.push('  BRIDGE_TOKEN: set BRIDGE_TOKEN or BRIDGE_TOKEN_FILE');
+  if (!parsed.success || problems.length > 0) throw new ConfigError(`invalid bridge configuration:\n${problems.join('\n')}`);
   const config = parsed.data;
   if (config.BRIDGE_TOKEN_FILE) {
     // Fail at start-up, not on the first request, when the mounted Secret is missing.

@@ -64,13 +64,13 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     box: { ...withDefaults({ namespace: '' }).box, defaultImage: config.BOX_DEFAULT_IMAGE ?? DEFAULT_BOX_IMAGE },
   });
   const watched = options.policy ? undefined : new WatchedPolicy(kc, config.POOL_NAME, fallback, log);
-  await watched?.start();
+  await startWithin(watched?.start(), config.STARTUP_TIMEOUT_MS, 'the SandboxPool watch');
   const policy: PolicySource = options.policy ?? watched!;
   const namespace = policy.current().namespace;
 
   const cache = new BoxCache(kc, namespace, log);
   const metrics = createMetrics(() => cache.activeCount());
-  await cache.start();
+  await startWithin(cache.start(), config.STARTUP_TIMEOUT_MS, `the box watch in namespace ${namespace}`);
 
   const call = instrumentedCall(metrics);
   const core = makeApiClient(kc, k8s.CoreV1Api, config.KUBE_TIMEOUT_MS);
@@ -168,4 +168,18 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       log.info('bridge stopped');
     },
   };
+}
+
+/** Fails start-up clearly instead of hanging when the Kubernetes API cannot be reached. */
+async function startWithin(started: Promise<void> | undefined, ms: number, what: string): Promise<void> {
+  if (!started) return;
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => reject(new Error(`could not start ${what} within ${ms} ms: is the Kubernetes API reachable?`)), ms);
+  });
+  try {
+    await Promise.race([started, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
 }

@@ -39,8 +39,10 @@ export function makeApiClient<T>(kc: k8s.KubeConfig, api: ApiConstructor<T>, tim
 /** HTTP status of a Kubernetes API error, or undefined for transport failures. */
 export function apiStatusCode(err: unknown): number | undefined {
   if (err instanceof k8s.ApiException) return err.code;
+  // A timed-out request is a DOMException whose legacy numeric `code` (23) is not an HTTP status.
+  if (err instanceof DOMException) return undefined;
   const code = (err as { statusCode?: unknown; code?: unknown } | null)?.statusCode ?? (err as { code?: unknown } | null)?.code;
-  return typeof code === 'number' ? code : undefined;
+  return typeof code === 'number' && code >= 100 && code <= 599 ? code : undefined;
 }
 
 export function isNotFound(err: unknown): boolean {
@@ -65,6 +67,7 @@ export function apiMessage(err: unknown): string {
     }
     if (body && typeof body === 'object' && 'message' in body) return String((body as { message: unknown }).message);
   }
+  if (err instanceof DOMException && (err.name === 'TimeoutError' || err.name === 'AbortError')) return 'no answer in time';
   return err instanceof Error ? err.message : String(err);
 }
 
