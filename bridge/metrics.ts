@@ -6,13 +6,23 @@ export interface BridgeMetrics {
   httpDuration: Histogram<'method' | 'route' | 'status'>;
   execDuration: Histogram<'outcome'>;
   boxesActive: Gauge;
+  boxesLimit: Gauge;
+  healthy: Gauge;
   boxesCreated: Counter;
   rateLimited: Counter<'reason'>;
   kubeDuration: Histogram<'operation'>;
   kubeErrors: Counter<'operation' | 'code'>;
 }
 
-export function createMetrics(activeBoxes: () => number = () => 0): BridgeMetrics {
+/** Live state read at scrape time (the chart's PrometheusRule alerts on these). */
+export interface MetricsState {
+  /** The pool's global box cap (maxBoxes), which `kubectl edit sbp` can change. */
+  maxBoxes?: () => number;
+  /** Whether GET /api/v1/health would say "ok" (caches synced and watching). */
+  healthy?: () => boolean;
+}
+
+export function createMetrics(activeBoxes: () => number = () => 0, state: MetricsState = {}): BridgeMetrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry, prefix: 'sandbox_bridge_' });
   return {
@@ -37,6 +47,22 @@ export function createMetrics(activeBoxes: () => number = () => 0): BridgeMetric
       registers: [registry],
       collect() {
         this.set(activeBoxes());
+      },
+    }),
+    boxesLimit: new Gauge({
+      name: 'sandbox_bridge_boxes_limit',
+      help: 'Global box cap of the pool this bridge serves (SandboxPool spec.maxBoxes)',
+      registers: [registry],
+      collect() {
+        if (state.maxBoxes) this.set(state.maxBoxes());
+      },
+    }),
+    healthy: new Gauge({
+      name: 'sandbox_bridge_healthy',
+      help: '1 when the health endpoint reports status "ok" (box and pool watches synced), else 0',
+      registers: [registry],
+      collect() {
+        this.set(state.healthy === undefined || state.healthy() ? 1 : 0);
       },
     }),
     boxesCreated: new Counter({

@@ -69,7 +69,10 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const namespace = policy.current().namespace;
 
   const cache = new BoxCache(kc, namespace, log);
-  const metrics = createMetrics(() => cache.activeCount());
+  const metrics = createMetrics(() => cache.activeCount(), {
+    maxBoxes: () => policy.current().maxBoxes,
+    healthy: () => cache.isHealthy() && policy.isHealthy(),
+  });
   await startWithin(cache.start(), config.STARTUP_TIMEOUT_MS, `the box watch in namespace ${namespace}`);
 
   const call = instrumentedCall(metrics);

@@ -1,0 +1,104 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "sandbox-bridge.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Release-qualified name; cluster-scoped objects use it so two releases never collide. */}}
+{{- define "sandbox-bridge.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sandbox-bridge.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sandbox-bridge.labels" -}}
+helm.sh/chart: {{ include "sandbox-bridge.chart" . }}
+app.kubernetes.io/name: {{ include "sandbox-bridge.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sandbox-bridge
+{{- end }}
+
+{{/* Selector labels of one component: include with (dict "ctx" $ "component" "bridge"). */}}
+{{- define "sandbox-bridge.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sandbox-bridge.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "sandbox-bridge.componentLabels" -}}
+{{ include "sandbox-bridge.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "sandbox-bridge.bridgeName" -}}
+{{- printf "%s-bridge" (include "sandbox-bridge.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sandbox-bridge.operatorName" -}}
+{{- printf "%s-operator" (include "sandbox-bridge.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sandbox-bridge.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sandbox-bridge.bridgeName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sandbox-bridge.operatorServiceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "sandbox-bridge.operatorName" .) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sandbox-bridge.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the token: the chart's own, or existingSecret. Fails with a clear
+     message when neither is set, so a release can never come up without a token. */}}
+{{- define "sandbox-bridge.tokenSecretName" -}}
+{{- if .Values.secret.existingSecret }}
+{{- .Values.secret.existingSecret }}
+{{- else if .Values.secret.token }}
+{{- printf "%s-token" (include "sandbox-bridge.fullname" .) }}
+{{- else }}
+{{- fail "sandbox-bridge: a bearer token is required. Set secret.token (--set secret.token=$(openssl rand -hex 32)) or secret.existingSecret (the name of a Secret you created with key secret.tokenKey, default \"token\")." }}
+{{- end }}
+{{- end }}
+
+{{- define "sandbox-bridge.trustProxy" -}}
+{{- if .Values.trustProxy }}
+{{- .Values.trustProxy }}
+{{- else if .Values.ingress.enabled }}
+{{- "1" }}
+{{- else }}
+{{- "false" }}
+{{- end }}
+{{- end }}
+
+{{/* True when the cluster serves the prometheus-operator API (or `helm template --api-versions` says so). */}}
+{{- define "sandbox-bridge.hasMonitoring" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- end }}
