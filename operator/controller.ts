@@ -66,8 +66,12 @@ export class Controller {
         }),
       o.poolSelector || undefined,
     );
-    this.pods = informer('/api/v1/pods', () => core.listPodForAllNamespaces({ labelSelector: BOX_SELECTOR }), BOX_SELECTOR);
-    const secrets = informer('/api/v1/secrets', () => core.listSecretForAllNamespaces({ labelSelector: BOX_SELECTOR }), BOX_SELECTOR);
+    this.pods = informer('/api/v1/pods', () => core.listPodForAllNamespaces({ labelSelector: BOX_SELECTOR }).then(slimList), BOX_SELECTOR);
+    const secrets = informer(
+      '/api/v1/secrets',
+      () => core.listSecretForAllNamespaces({ labelSelector: BOX_SELECTOR }).then(slimList),
+      BOX_SELECTOR,
+    );
     const namespaces = informer('/api/v1/namespaces', () => core.listNamespace({ labelSelector: CHILD_SELECTOR }), CHILD_SELECTOR);
     const quotas = informer(
       '/api/v1/resourcequotas',
@@ -88,10 +92,14 @@ export class Controller {
     for (const event of ['add', 'update', 'delete'] as const) {
       this.pools.on(event, (pool) => this.enqueue(pool.metadata.name));
       this.pods.on(event, (pod) => {
+        if (event !== 'delete') slim(pod);
         if (event !== 'delete' && this.queue) this.seenBoxesFor(pod);
         this.enqueueNamespace(pod.metadata?.namespace);
       });
-      secrets.on(event, (s) => this.enqueueNamespace(s.metadata?.namespace));
+      secrets.on(event, (s) => {
+        if (event !== 'delete') slim(s);
+        this.enqueueNamespace(s.metadata?.namespace);
+      });
       for (const child of [namespaces, quotas, limits, policies] as Array<ResilientInformer<k8s.KubernetesObject>>) {
         child.on(event, (obj) => {
           const pool = obj.metadata?.labels?.[LABELS.pool];
@@ -200,4 +208,25 @@ export class Controller {
     const ns = pod.metadata?.namespace;
     if (ns && this.pools.list().some((p) => p.spec?.namespace === ns)) this.seenBoxes.note(pod);
   }
+}
+
+/**
+ * Drops what the reaper never reads from cached boxes and Secrets (managed fields, pod spec and
+ * container statuses, Secret data): with 10,000 boxes that is most of the operator's memory. The
+ * handler receives the very object the informer caches, and this cache is private to the
+ * controller, so trimming it in place is safe.
+ */
+function slim<T extends k8s.KubernetesObject & { spec?: unknown; status?: unknown; data?: unknown; stringData?: unknown }>(obj: T): T {
+  if (obj.metadata) delete obj.metadata.managedFields;
+  if ('data' in obj) delete obj.data;
+  if ('stringData' in obj) delete obj.stringData;
+  if (obj.kind !== 'Secret' && obj.spec) obj.spec = undefined;
+  const status = obj.status as { phase?: string } | undefined;
+  if (status && typeof status === 'object') obj.status = { phase: status.phase } as T['status'];
+  return obj;
+}
+
+function slimList<L extends { items: Array<k8s.KubernetesObject & { spec?: unknown; status?: unknown }> }>(list: L): L {
+  for (const item of list.items) slim(item);
+  return list;
 }

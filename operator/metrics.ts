@@ -7,7 +7,7 @@ export function createOperatorMetrics(registry = new Registry()) {
     registry,
     reconcileTotal: new Counter({
       name: 'sandbox_operator_reconcile_total',
-      help: 'Reconciles of SandboxPools, by result (success, error, conflict).',
+      help: 'Reconciles of SandboxPools, by result (success, error).',
       labelNames: ['result'] as const,
       registers: [registry],
     }),
