@@ -1,0 +1,158 @@
+// createBridgeClient: one typed method per bridge endpoint, nothing more. Session semantics
+// (lazy creation, idempotent destroy) live in sandbox.ts.
+import { decodeBase64, encodeBase64 } from './base64.js';
+import { request, type CallOptions, type FetchLike, type HttpConfig, type RetryOptions } from './http.js';
+import type {
+  BoxCreated,
+  BoxDeleted,
+  BoxStatus,
+  ClusterInfo,
+  CreateBoxRequest,
+  EnvUpdated,
+  ExecRequest,
+  ExecResult,
+  FileRead,
+  FileWritten,
+  Health,
+  NodeList,
+  OpenApiDocument,
+  PodMetricsList,
+  SandboxList,
+} from './types.js';
+
+export interface BridgeClientOptions {
+  /** The bridge's base URL, e.g. https://bridge.example.com (a trailing /api/v1 is accepted). */
+  url: string;
+  /** The bridge's bearer token. */
+  token: string;
+  /** fetch to use (default: globalThis.fetch); inject one for tests or custom transports. */
+  fetch?: FetchLike;
+  /** Default deadline per call, retry waits included (default 30000 ms). Exec gets its command timeout plus 30 s. */
+  timeoutMs?: number;
+  /** Retries on 429/503: a count, or full options (default 3 retries). */
+  retries?: number | RetryOptions;
+}
+
+export const DEFAULT_TIMEOUT_MS = 30_000;
+/** The bridge's default command timeout (spec: 120000 ms). */
+const DEFAULT_EXEC_TIMEOUT_MS = 120_000;
+/** Room beyond a command's own timeout for the box to start, the bridge to kill it and answer. */
+const EXEC_GRACE_MS = 30_000;
+
+export interface FileReadOptions extends CallOptions {
+  /** Ask for base64 content even when the file is valid UTF-8. */
+  base64?: boolean;
+}
+
+export interface BridgeClient {
+  readonly url: string;
+  health(opts?: CallOptions): Promise<Health>;
+  clusterInfo(opts?: CallOptions): Promise<ClusterInfo>;
+  nodes(opts?: CallOptions): Promise<NodeList>;
+  sandboxes(opts?: CallOptions): Promise<SandboxList>;
+  /** Plain-text logs of a box pod; tailLines keeps the last N lines. */
+  logs(podName: string, opts?: CallOptions & { tailLines?: number }): Promise<string>;
+  metrics(opts?: CallOptions): Promise<PodMetricsList>;
+  createBox(req: CreateBoxRequest, opts?: CallOptions): Promise<BoxCreated>;
+  /** Rejects with status 404 / type not_found when the box is already gone. */
+  deleteBox(boxId: string, opts?: CallOptions): Promise<BoxDeleted>;
+  exec(boxId: string, req: ExecRequest, opts?: CallOptions): Promise<ExecResult>;
+  readFile(boxId: string, path: string, opts?: FileReadOptions): Promise<FileRead>;
+  /** Strings are sent as UTF-8 text; bytes as base64 (base64=true), so any content survives. */
+  writeFile(boxId: string, path: string, content: string | Uint8Array, opts?: CallOptions): Promise<FileWritten>;
+  setEnv(boxId: string, envVars: Record<string, string>, opts?: CallOptions): Promise<EnvUpdated>;
+  status(boxId: string, opts?: CallOptions): Promise<BoxStatus>;
+  openapi(opts?: CallOptions): Promise<OpenApiDocument>;
+}
+
+export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
+  const config = httpConfig(options);
+  const box = (id: string) => `/boxes/${encodeURIComponent(id)}`;
+  const call = <T>(spec: Parameters<typeof request>[1], opts: CallOptions = {}) =>
+    request<T>(config, { ...spec, timeoutMs: opts.timeoutMs ?? spec.timeoutMs, signal: opts.signal });
+  const get = <T>(operation: string, path: string, opts?: CallOptions) => call<T>({ operation, method: 'GET', path, expect: 'json' }, opts);
+
+  return {
+    url: config.apiUrl,
+    health: (opts) => get('health', '/health', opts),
+    clusterInfo: (opts) => get('cluster info', '/cluster/info', opts),
+    nodes: (opts) => get('nodes', '/cluster/nodes', opts),
+    sandboxes: (opts) => get('sandboxes', '/sandboxes', opts),
+    logs: (podName, opts = {}) =>
+      call(
+        { operation: 'logs', method: 'GET', path: `/sandboxes/${encodeURIComponent(podName)}/logs`, query: { tailLines: opts.tailLines }, expect: 'text' },
+        opts,
+      ),
+    metrics: (opts) => get('metrics', '/sandboxes/metrics', opts),
+    createBox: (req, opts) => call({ operation: 'create', method: 'POST', path: '/boxes', json: req, expect: 'json' }, opts),
+    deleteBox: (id, opts) => call({ operation: 'delete', method: 'DELETE', path: box(id), expect: 'json' }, opts),
+    exec: (id, req, opts) =>
+      call(
+        {
+          operation: 'exec',
+          method: 'POST',
+          path: `${box(id)}/exec`,
+          json: req,
+          expect: 'json',
+          // A command may legitimately run for its whole timeout: the call's deadline must outlast it.
+          timeoutMs: Math.max(config.timeoutMs, (req.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS) + EXEC_GRACE_MS),
+        },
+        opts,
+      ),
+    readFile: (id, path, opts = {}) =>
+      call(
+        { operation: 'read file', method: 'GET', path: `${box(id)}/files`, query: { path, base64: opts.base64 ? 'true' : undefined }, expect: 'json' },
+        opts,
+      ),
+    writeFile: (id, path, content, opts) => {
+      const bytes = typeof content !== 'string';
+      return call(
+        {
+          operation: 'write file',
+          method: 'PUT',
+          path: `${box(id)}/files`,
+          query: { path, base64: bytes ? 'true' : undefined },
+          text: bytes ? encodeBase64(content) : content,
+          expect: 'json',
+        },
+        opts,
+      );
+    },
+    setEnv: (id, envVars, opts) => call({ operation: 'set env', method: 'POST', path: `${box(id)}/env`, json: { envVars }, expect: 'json' }, opts),
+    status: (id, opts) => get('status', `${box(id)}/status`, opts),
+    openapi: (opts) => get('openapi', '/openapi.json', opts),
+  };
+}
+
+/** The bytes of a file read, whichever encoding the bridge chose. */
+export function fileBytes(file: FileRead): Uint8Array {
+  return file.encoding === 'base64' ? decodeBase64(file.content) : new TextEncoder().encode(file.content);
+}
+
+function httpConfig(options: BridgeClientOptions): HttpConfig {
+  let parsed: URL;
+  try {
+    parsed = new URL(options.url);
+  } catch {
+    throw new TypeError(`bridge url ${JSON.stringify(options.url)} is not a valid URL`);
+  }
+  if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') {
+    throw new TypeError(`bridge url must be http(s), got ${JSON.stringify(options.url)}`);
+  }
+  if (!options.token) throw new TypeError('bridge token is empty');
+  const base = `${parsed.origin}${parsed.pathname}`.replace(/\/+$/, '');
+  const apiUrl = base.endsWith('/api/v1') ? base : `${base}/api/v1`;
+
+  const fetchImpl = options.fetch ?? (globalThis.fetch ? globalThis.fetch.bind(globalThis) : undefined);
+  if (!fetchImpl) throw new TypeError('no fetch available: pass one as options.fetch');
+  const timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+  if (!(timeoutMs > 0)) throw new TypeError(`timeoutMs must be positive, got ${timeoutMs}`);
+  const retry = typeof options.retries === 'number' ? { max: options.retries } : (options.retries ?? {});
+  return {
+    apiUrl,
+    token: options.token,
+    fetch: fetchImpl,
+    timeoutMs,
+    retry: { max: retry.max ?? 3, baseDelayMs: retry.baseDelayMs ?? 200, maxDelayMs: retry.maxDelayMs ?? 5000, onRetry: retry.onRetry },
+  };
+}

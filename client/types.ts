@@ -1,0 +1,31 @@
+// Request and response types of the bridge API, derived from the bridge's own zod schemas
+// (bridge/schemas.ts), so client and server cannot drift apart.
+//
+// Every import here is `import type`: the compiler erases it, so zod and the bridge never enter the
+// client's runtime module graph and edge bundles stay free of them. (The emitted .d.ts files still
+// refer to bridge/schemas and zod for types; both ship with this package.) Requests use z.input
+// (fields with server defaults are optional), responses z.output (what the bridge sends).
+import type { z } from 'zod';
+import type * as S from '../bridge/schemas.js';
+import type { openApiDocument } from '../bridge/openapi.js';
+
+export type CreateBoxRequest = z.input<typeof S.CreateBoxRequest>;
+export type ExecRequest = z.input<typeof S.ExecRequest>;
+export type SetEnvRequest = z.input<typeof S.SetEnvRequest>;
+
+export type Health = z.output<typeof S.Health>;
+export type ClusterInfo = z.output<typeof S.ClusterInfo>;
+export type NodeList = z.output<typeof S.NodeList>;
+export type SandboxList = z.output<typeof S.SandboxList>;
+export type PodMetricsList = z.output<typeof S.PodMetricsList>;
+export type BoxCreated = z.output<typeof S.BoxCreated>;
+export type BoxStatus = z.output<typeof S.BoxStatus>;
+export type BoxDeleted = z.output<typeof S.BoxDeleted>;
+export type ExecResult = z.output<typeof S.ExecResult>;
+export type FileRead = z.output<typeof S.FileRead>;
+export type FileWritten = z.output<typeof S.FileWritten>;
+export type EnvUpdated = z.output<typeof S.EnvUpdated>;
+export type ErrorBody = z.output<typeof S.ErrorBody>;
+/** Error types the bridge reports in `{"error": {"type", "message"}}`. */
+export type BridgeErrorType = ErrorBody['error']['type'];
+export type OpenApiDocument = ReturnType<typeof openApiDocument>;
