@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# One image, both programs:
+#   bridge   (default)  docker run IMAGE                          -> node dist/bridge/main.js
+#   operator            docker run IMAGE dist/operator/main.js    (the chart sets args)
+# Node 24 LTS. Runs as uid/gid 65534 and writes nothing, so it works with a read-only root
+# filesystem. No init (tini): node is PID 1 and both programs handle SIGTERM themselves
+# (graceful shutdown, exit 0) and start no child processes, so there is nothing to reap.
+# Checked by test/integration/chart-dockerfile.test.ts (no Docker engine in CI).
+
+# --- build: full dev toolchain, compiles TypeScript to dist/ ---------------------------------
+FROM node:24-bookworm-slim AS build
+WORKDIR /src
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY tsconfig.json tsconfig.build.json ./
+COPY common ./common
+COPY bridge ./bridge
+COPY operator ./operator
+RUN npm run build
+
+# --- deps: production dependencies only ------------------------------------------------------
+# A separate `npm ci --omit=dev`, never a copy of the build stage's node_modules: the
+# devDependency `node` (a whole Node binary), jest, typescript etc. must not reach the image.
+# --ignore-scripts: no runtime dependency needs an install script.
+FROM node:24-bookworm-slim AS deps
+WORKDIR /app
+COPY package.json package-lock.json ./
+RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund \
+ && test ! -e node_modules/node \
+ && npm cache clean --force
+
+# --- runtime: distroless Node 24 (no shell, no package manager) ------------------------------
+FROM gcr.io/distroless/nodejs24-debian12 AS runtime
+LABEL org.opencontainers.image.title="sandbox-bridge" \
+      org.opencontainers.image.description="sandbox-bridge bridge and operator" \
+      org.opencontainers.image.licenses="Apache-2.0"
+WORKDIR /app
+ENV NODE_ENV=production \
+    NODE_OPTIONS=--enable-source-maps
+# Owned by root and not writable by 65534: the code cannot be modified at run time.
+COPY --from=deps /app/node_modules ./node_modules
+COPY --from=build /src/dist ./dist
+COPY package.json ./
+USER 65534:65534
+EXPOSE 8080 9090
+ENTRYPOINT ["/nodejs/bin/node"]
+CMD ["dist/bridge/main.js"]
