@@ -66,10 +66,14 @@ export class Controller {
         }),
       o.poolSelector || undefined,
     );
-    this.pods = informer('/api/v1/pods', () => core.listPodForAllNamespaces({ labelSelector: BOX_SELECTOR }).then(slimList), BOX_SELECTOR);
+    this.pods = informer(
+      '/api/v1/pods',
+      () => listPaged((_continue) => core.listPodForAllNamespaces({ labelSelector: BOX_SELECTOR, limit: PAGE_SIZE, _continue })),
+      BOX_SELECTOR,
+    );
     const secrets = informer(
       '/api/v1/secrets',
-      () => core.listSecretForAllNamespaces({ labelSelector: BOX_SELECTOR }).then(slimList),
+      () => listPaged((_continue) => core.listSecretForAllNamespaces({ labelSelector: BOX_SELECTOR, limit: PAGE_SIZE, _continue })),
       BOX_SELECTOR,
     );
     const namespaces = informer('/api/v1/namespaces', () => core.listNamespace({ labelSelector: CHILD_SELECTOR }), CHILD_SELECTOR);
@@ -226,7 +230,23 @@ function slim<T extends k8s.KubernetesObject & { spec?: unknown; status?: unknow
   return obj;
 }
 
-function slimList<L extends { items: Array<k8s.KubernetesObject & { spec?: unknown; status?: unknown }> }>(list: L): L {
-  for (const item of list.items) slim(item);
-  return list;
+const PAGE_SIZE = 500;
+
+/**
+ * Lists in pages (one consistent snapshot, via continue tokens) and trims each page as it
+ * arrives: one 10,000-pod response would be parsed whole and push the heap, and so the RSS, far
+ * beyond what the trimmed cache needs.
+ */
+async function listPaged<T extends k8s.KubernetesObject & { spec?: unknown; status?: unknown }>(
+  page: (cont: string | undefined) => Promise<k8s.KubernetesListObject<T>>,
+): Promise<k8s.KubernetesListObject<T>> {
+  let cont: string | undefined;
+  const items: T[] = [];
+  let last: k8s.KubernetesListObject<T>;
+  do {
+    last = await page(cont);
+    for (const item of last.items) items.push(slim(item));
+    cont = last.metadata?._continue || undefined;
+  } while (cont);
+  return { ...last, items };
 }
