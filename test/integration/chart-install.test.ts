@@ -1,0 +1,219 @@
+// `helm install` of charts/sandbox-bridge into the local cluster: every rendered object is on
+// the API server, the chart's pods pass `restricted` Pod Security, and the bridge, run with a
+// token of the chart's own ServiceAccount (so with exactly the chart's RBAC), serves a whole box
+// lifecycle. Removing one verb from the Role turns the matching call into the documented 403.
+import { rmSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import * as k8s from '@kubernetes/client-node';
+import { pino } from 'pino';
+import { envSecretName } from '../../common/labels.js';
+import { startBridge, type RunningBridge } from '../../bridge/server.js';
+import { TEST_TOKEN, api, testConfig } from '../support/bridge.js';
+import { testKubeConfig, waitFor } from '../support/cluster.js';
+import { installCrd } from '../support/operator.js';
+import { TOKEN, helm, parseDocs, withValuesFile, CHART, type Doc } from '../chart/helm.js';
+
+const kc = testKubeConfig();
+const core = kc.makeApiClient(k8s.CoreV1Api);
+const rbac = kc.makeApiClient(k8s.RbacAuthorizationV1Api);
+const objects = k8s.KubernetesObjectApi.makeApiClient(kc);
+
+const id = randomBytes(3).toString('hex');
+const release = `chart-${id}`;
+const releaseNs = `chart-${id}-sys`;
+const sandboxNs = `chart-${id}-boxes`;
+const poolName = `chart-${id}`;
+const bridgeName = `${release}-sandbox-bridge-bridge`;
+const kubeconfigEnv = { KUBECONFIG: process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG! };
+
+let manifest: Doc[] = [];
+let bridge: RunningBridge | undefined;
+let saKc: k8s.KubeConfig;
+
+/** Whether the chart's bridge ServiceAccount may do `verb` on `resource` (asked as that account). */
+async function allowed(verb: string, resource: string, namespace?: string, subresource?: string): Promise<boolean> {
+  const group = resource === 'sandboxpools' ? 'sandbox-bridge.io' : '';
+  const review = await saKc.makeApiClient(k8s.AuthorizationV1Api).createSelfSubjectAccessReview({
+    body: { spec: { resourceAttributes: { group, verb, resource, ...(namespace ? { namespace } : {}), ...(subresource ? { subresource } : {}) } } },
+  });
+  return review.status?.allowed === true;
+}
+
+beforeAll(async () => {
+  // Helm creates crds/ only when absent (and never updates it); make sure this checkout's CRD is served.
+  await installCrd(kc);
+  // The release namespace enforces `restricted`, so the chart's own pods must pass it to be created.
+  await core.createNamespace({
+    body: { metadata: { name: releaseNs, labels: { 'sandbox-bridge.io/test': 'true', 'pod-security.kubernetes.io/enforce': 'restricted' } } },
+  });
+  const values = {
+    secret: { token: TOKEN },
+    rbac: { targetNamespace: sandboxNs },
+    pool: { name: poolName },
+    // Boxes on kwok's simulated nodes; the local box image.
+    box: { defaultImage: 'sandbox-bridge/box:dev', defaultCpu: '100m', defaultMemory: '64Mi', nodeSelector: { type: 'kwok' } },
+    nodeSelector: { type: 'kwok' },
+    operator: { nodeSelector: { type: 'kwok' } },
+  };
+  const res = withValuesFile(values, (file) =>
+    helm(['install', release, CHART, '--namespace', releaseNs, '-f', file, '--timeout', '60s'], {
+      env: kubeconfigEnv,
+      timeoutMs: 90_000,
+    }),
+  );
+  if (res.status !== 0) throw new Error(`helm install failed:\n${res.stderr}`);
+  const got = helm(['get', 'manifest', release, '--namespace', releaseNs], { env: kubeconfigEnv });
+  manifest = parseDocs(got.stdout);
+
+  // A token of the chart's bridge ServiceAccount, as the kubelet would mount it.
+  const tokenRequest = await core.createNamespacedServiceAccountToken({
+    name: bridgeName,
+    namespace: releaseNs,
+    body: { spec: { audiences: [], expirationSeconds: 3600 } },
+  });
+  const cluster = kc.getCurrentCluster()!;
+  saKc = new k8s.KubeConfig();
+  saKc.loadFromOptions({
+    clusters: [{ name: 'local', server: cluster.server, caData: cluster.caData, caFile: cluster.caFile, skipTLSVerify: cluster.skipTLSVerify }],
+    users: [{ name: bridgeName, token: tokenRequest.status!.token }],
+    contexts: [{ name: 'sa', cluster: 'local', user: bridgeName }],
+    currentContext: 'sa',
+  });
+}, 120_000);
+
+afterAll(async () => {
+  await bridge?.close();
+  helm(['uninstall', release, '--namespace', releaseNs, '--timeout', '60s'], { env: kubeconfigEnv, timeoutMs: 90_000 });
+  for (const name of [releaseNs, sandboxNs]) await core.deleteNamespace({ name, propagationPolicy: 'Background' }).catch(() => undefined);
+}, 120_000);
+
+test('every object helm rendered is on the API server', async () => {
+  const kinds = manifest.map((d) => d.kind).sort();
+  expect(kinds).toEqual(
+    [
+      'ClusterRole', 'ClusterRole', 'ClusterRoleBinding', 'ClusterRoleBinding', 'Deployment', 'Deployment', 'Namespace',
+      'NetworkPolicy', 'NetworkPolicy', 'PodDisruptionBudget', 'PodDisruptionBudget', 'Role', 'Role', 'Role',
+      'RoleBinding', 'RoleBinding', 'RoleBinding', 'SandboxPool', 'Secret', 'Service', 'Service', 'Service',
+      'ServiceAccount', 'ServiceAccount',
+    ].sort(),
+  );
+  for (const doc of manifest) {
+    const live = await objects.read({ apiVersion: doc.apiVersion, kind: doc.kind, metadata: { name: doc.metadata.name, namespace: doc.metadata.namespace ?? (isClusterScoped(doc.kind) ? undefined : releaseNs) } } as k8s.KubernetesObject & { metadata: { name: string } });
+    expect(live.metadata?.labels?.['app.kubernetes.io/instance']).toBe(release);
+  }
+  const ns = await core.readNamespace({ name: sandboxNs });
+  expect(ns.metadata?.labels?.['pod-security.kubernetes.io/enforce']).toBe('restricted');
+  const pool = (await objects.read({ apiVersion: 'sandbox-bridge.io/v1alpha1', kind: 'SandboxPool', metadata: { name: poolName } })) as unknown as { spec: Record<string, unknown> };
+  expect(pool.spec).toMatchObject({ namespace: sandboxNs, maxBoxes: 50, maxBoxesPerSession: 3, defaultTtlSeconds: 3600 });
+});
+
+test("the chart's pods pass restricted Pod Security (the ReplicaSets create them all)", async () => {
+  const pods = await waitFor('2 bridge and 2 operator pods', async () => {
+    const list = await core.listNamespacedPod({ namespace: releaseNs, labelSelector: `app.kubernetes.io/instance=${release}` });
+    return list.items.length === 4 ? list.items : undefined;
+  });
+  const components = pods.map((p) => p.metadata!.labels!['app.kubernetes.io/component']).sort();
+  expect(components).toEqual(['bridge', 'bridge', 'operator', 'operator']);
+}, 60_000);
+
+test('ServiceAccount permissions: what the bridge needs where it needs it, nothing else', async () => {
+  const expectations: Array<[string, string, string | undefined, string | undefined, boolean]> = [
+    ['create', 'pods', sandboxNs, undefined, true],
+    ['watch', 'pods', sandboxNs, undefined, true],
+    ['create', 'pods', sandboxNs, 'exec', true],
+    ['get', 'pods', sandboxNs, 'log', true],
+    ['update', 'secrets', sandboxNs, undefined, true],
+    ['list', 'nodes', undefined, undefined, true],
+    ['watch', 'sandboxpools', undefined, undefined, true],
+    // Namespaced: nothing in other namespaces, nothing cluster-wide.
+    ['create', 'pods', 'default', undefined, false],
+    ['list', 'pods', undefined, undefined, false],
+    ['get', 'secrets', releaseNs, undefined, false],
+    ['list', 'secrets', sandboxNs, undefined, false],
+    ['patch', 'pods', sandboxNs, undefined, false],
+    ['delete', 'secrets', sandboxNs, undefined, false],
+    ['watch', 'nodes', undefined, undefined, false],
+    ['update', 'sandboxpools', undefined, undefined, false],
+  ];
+  const results = [];
+  for (const [verb, resource, ns, sub, _] of expectations) results.push([verb, resource, ns, sub, await allowed(verb, resource, ns, sub)]);
+  expect(results).toEqual(expectations);
+});
+
+test('the bridge, with only the chart RBAC, serves a whole box lifecycle; a missing verb is a 403', async () => {
+  bridge = await startBridge(testConfig({ POOL_NAME: poolName, SANDBOX_NAMESPACE: 'unused-fallback' }), {
+    kc: saKc,
+    log: pino({ level: process.env.BRIDGE_TEST_LOG ?? 'silent' }),
+  });
+  expect(bridge.namespace).toBe(sandboxNs); // from the chart's SandboxPool, watched with the SA's rights
+  const call = api(bridge, TEST_TOKEN);
+
+  const health = await call('GET', '/health');
+  expect(health.status).toBe(200);
+  expect(health.json).toMatchObject({ status: 'ok', namespace: sandboxNs });
+  expect((await call('GET', '/cluster/nodes')).status).toBe(200);
+  expect((await call('GET', '/cluster/info')).status).toBe(200);
+
+  const created = await call('POST', '/boxes', { sessionId: `chart-${id}`, env: { GREETING: 'hello' } });
+  expect(created.status).toBe(201);
+  const boxId: string = created.json.box_id;
+  expect(created.json).toMatchObject({ namespace: sandboxNs, image: 'sandbox-bridge/box:dev' });
+
+  await waitFor('the box to run', async () => {
+    const s = await call('GET', `/boxes/${boxId}/status`);
+    return s.json?.status === 'Running' ? true : undefined;
+  }, { timeoutMs: 60_000 }).catch(async (err: unknown) => {
+    const pod = await core.readNamespacedPod({ name: boxId, namespace: sandboxNs }).catch(() => undefined);
+    throw new Error(`${String(err)}\npod status: ${JSON.stringify(pod?.status)}\nnodeSelector: ${JSON.stringify(pod?.spec?.nodeSelector)}`);
+  });
+  const list = await call('GET', '/sandboxes');
+  expect(list.json.sandboxes.map((s: { name: string }) => s.name)).toContain(boxId);
+
+  const env = await call('POST', `/boxes/${boxId}/env`, { envVars: { TARGET: 'chart' } });
+  expect(env.status).toBe(200);
+  expect(env.json.env_count).toBe(2);
+
+  const exec = await call('POST', `/boxes/${boxId}/exec`, { command: 'pwd; echo "$GREETING $TARGET"', workdir: '/tmp' });
+  expect(exec.status).toBe(200);
+  expect(exec.json).toMatchObject({ exit_code: 0, stdout: '/tmp\nhello chart\n' });
+
+  const file = `/tmp/chart-${id}.txt`;
+  try {
+    expect((await call('PUT', `/boxes/${boxId}/files?path=${encodeURIComponent(file)}`, 'chart file', { 'content-type': 'text/plain' })).status).toBe(200);
+    const read = await call('GET', `/boxes/${boxId}/files?path=${encodeURIComponent(file)}`);
+    expect(read.json).toMatchObject({ content: 'chart file', encoding: 'text' });
+  } finally {
+    rmSync(file, { force: true }); // kwok runs exec on this host
+  }
+  expect((await call('GET', `/sandboxes/${boxId}/logs?tailLines=5`)).status).toBe(200);
+  expect((await call('GET', '/sandboxes/metrics')).status).toBe(200);
+
+  // Take `delete` on pods away from the chart's Role: DELETE /boxes/:id is then the documented 403.
+  const role = await rbac.readNamespacedRole({ name: bridgeName, namespace: sandboxNs });
+  const original = structuredClone(role.rules!);
+  role.rules = role.rules!.map((r) => (r.resources?.includes('pods') && r.apiGroups?.includes('') ? { ...r, verbs: r.verbs.filter((v) => v !== 'delete') } : r));
+  await rbac.replaceNamespacedRole({ name: bridgeName, namespace: sandboxNs, body: role });
+  await waitFor('RBAC to drop delete', async () => ((await allowed('delete', 'pods', sandboxNs)) ? undefined : true));
+  const denied = await call('DELETE', `/boxes/${boxId}`);
+  expect(denied.status).toBe(403);
+  expect(denied.json).toEqual({ error: { type: 'forbidden', message: expect.stringContaining('permissions do not allow') } });
+  expect((await call('GET', `/boxes/${boxId}/status`)).status).toBe(200); // still there
+
+  // Put it back: the delete succeeds and garbage collection takes the env Secret with the pod.
+  const current = await rbac.readNamespacedRole({ name: bridgeName, namespace: sandboxNs });
+  await rbac.replaceNamespacedRole({ name: bridgeName, namespace: sandboxNs, body: { ...current, rules: original } });
+  await waitFor('RBAC to allow delete again', async () => ((await allowed('delete', 'pods', sandboxNs)) ? true : undefined));
+  const deleted = await call('DELETE', `/boxes/${boxId}`);
+  expect(deleted.status).toBe(200);
+  expect(deleted.json).toMatchObject({ box_id: boxId, status: 'Terminated' });
+  await waitFor('the box and its env Secret to be gone', async () => {
+    const pods = await core.listNamespacedPod({ namespace: sandboxNs, fieldSelector: `metadata.name=${boxId}` });
+    const secrets = await core.listNamespacedSecret({ namespace: sandboxNs, fieldSelector: `metadata.name=${envSecretName(boxId)}` });
+    return pods.items.length === 0 && secrets.items.length === 0 ? true : undefined;
+  }, { timeoutMs: 45_000 });
+  expect((await call('DELETE', `/boxes/${boxId}`)).status).toBe(404);
+}, 180_000);
+
+function isClusterScoped(kind: string): boolean {
+  return ['ClusterRole', 'ClusterRoleBinding', 'Namespace', 'SandboxPool', 'CustomResourceDefinition'].includes(kind);
+}
