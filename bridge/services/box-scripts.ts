@@ -17,13 +17,23 @@ export const EXEC_SCRIPT = [
   'exec sh -c "$2" </dev/null',
 ].join('\n');
 
-/** argv: $1 exec id. Kills every process whose environment carries that exec id. */
+/**
+ * argv: $1 exec id. Kills every process whose environment carries that exec id. They are
+ * stopped first and killed together, so none can run on (e.g. print more output) while its
+ * siblings die; the scan repeats until none is left, catching anything forked meanwhile.
+ */
 export const KILL_SCRIPT = [
-  'for p in /proc/[0-9]*; do',
-  '  [ "$p" = "/proc/$$" ] && continue',
-  '  grep -qs "SANDBOX_EXEC_ID=$1" "$p/environ" && kill -9 "${p#/proc/}" 2>/dev/null',
+  'i=0',
+  'while [ $i -lt 20 ]; do',
+  '  found=',
+  '  for p in /proc/[0-9]*; do',
+  '    [ "$p" = "/proc/$$" ] && continue',
+  '    grep -qs "SANDBOX_EXEC_ID=$1" "$p/environ" && kill -STOP "${p#/proc/}" 2>/dev/null && found="$found ${p#/proc/}"',
+  '  done',
+  '  [ -z "$found" ] && exit 0',
+  '  kill -KILL $found 2>/dev/null',
+  '  i=$((i + 1))',
   'done',
-  'exit 0',
 ].join('\n');
 
 export const READ_NOT_FOUND = 44;

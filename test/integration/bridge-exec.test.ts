@@ -76,7 +76,7 @@ suite('exec, files and env in a real container', () => {
     const res = await exec('printf "%s|%s|%s" "$TRICKY" "$EMPTY" "$GREETING"; ls /workspace');
     expect(res.json.stdout).toBe(`${tricky}||hello from create`);
 
-    const dir = await exec('mkdir -p "a dir/$(x)" && echo made');
+    const dir = await exec(`mkdir -p 'a dir/$(x)' && echo made`);
     expect(dir.json.exit_code).toBe(0);
     const inDir = await exec('pwd', { workdir: 'a dir/$(x)' });
     expect(inDir.json.stdout).toBe('/workspace/a dir/$(x)\n');

@@ -157,7 +157,7 @@ test('an unreachable or silent API server is a prompt 503, and reads keep coming
     const refused = await call('POST', '/boxes', { sessionId: 'outage-2' });
     expect(refused.status).toBe(503);
     expect(refused.json.error.type).toBe('cluster_unavailable');
-    expect(Date.now() - started).toBeLessThan(5000);
+    expect(Date.now() - started).toBeLessThan(10_000); // KUBE_TIMEOUT_MS is 1.5 s; a hang would be minutes
     const exec = await call('POST', `/boxes/${box.json.box_id}/exec`, { command: 'true', workdir: '/tmp' });
     expect(exec.json.error).toEqual({ type: 'cluster_unavailable', message: expect.any(String) });
     expect(exec.status).toBe(503);
@@ -170,11 +170,11 @@ test('an unreachable or silent API server is a prompt 503, and reads keep coming
     const silent = await call('DELETE', `/boxes/${box.json.box_id}`);
     expect(silent.json.error).toEqual({ type: 'cluster_unavailable', message: expect.any(String) });
     expect(silent.status).toBe(503);
-    expect(Date.now() - started).toBeLessThan(5000);
+    expect(Date.now() - started).toBeLessThan(10_000); // KUBE_TIMEOUT_MS is 1.5 s; a hang would be minutes
 
     proxy.set('forward');
     await waitFor('recovery', async () => ((await call('DELETE', `/boxes/${box.json.box_id}`)).status === 200 ? true : undefined), {
-      timeoutMs: 30_000,
+      timeoutMs: 60_000,
       intervalMs: 500,
     });
   } finally {
@@ -222,12 +222,10 @@ describe('the bridge process', () => {
     await waitFor('the bridge process to listen', async () => ((await fetch(`${url}/health`, { headers }).catch(() => undefined))?.ok ? true : undefined), {
       timeoutMs: 30_000,
     });
-    // Boxes here land on simulated nodes (no pool: default placement) — pin one to kwok.
-    const box = await (await fetch(`${url}/boxes`, { method: 'POST', headers, body: JSON.stringify({ sessionId: 'sigterm' }) })).json();
-    await core.patchNamespacedPod(
-      { name: box.box_id, namespace, body: [{ op: 'test', path: '/metadata/name', value: box.box_id }] },
-      k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.JsonPatch),
-    );
+    // No pool, so default placement: a simulated node (the real node is tainted); hence workdir /tmp.
+    const box = (await (await fetch(`${url}/boxes`, { method: 'POST', headers, body: JSON.stringify({ sessionId: 'sigterm' }) })).json()) as {
+      box_id: string;
+    };
     const inFlight = fetch(`${url}/boxes/${box.box_id}/exec`, {
       method: 'POST',
       headers,
