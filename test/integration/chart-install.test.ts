@@ -151,6 +151,11 @@ test('the bridge, with only the chart RBAC, serves a whole box lifecycle; a miss
   const health = await call('GET', '/health');
   expect(health.status).toBe(200);
   expect(health.json).toMatchObject({ status: 'ok', namespace: sandboxNs });
+  // The gauges the chart's PrometheusRule alerts on: the pool's cap, and health.
+  const metrics = await (await fetch(`${bridge.metricsUrl}/metrics`)).text();
+  expect(metrics).toMatch(/^sandbox_bridge_boxes_limit 50$/m);
+  expect(metrics).toMatch(/^sandbox_bridge_healthy 1$/m);
+  expect(metrics).toMatch(/^sandbox_bridge_process_start_time_seconds \d+/m);
   expect((await call('GET', '/cluster/nodes')).status).toBe(200);
   expect((await call('GET', '/cluster/info')).status).toBe(200);
 
