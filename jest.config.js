@@ -8,6 +8,9 @@ const common = {
   testEnvironment: 'node',
   // Sources import siblings as './x.js' (NodeNext); jest resolves them to the .ts files.
   moduleNameMapper: { '^(\\.{1,2}/.*)\\.js$': '$1' },
+  // The local cluster's state (etcd snapshots, kwok workdirs) and build output are not sources.
+  modulePathIgnorePatterns: ['<rootDir>/.cluster/', '<rootDir>/dist/'],
+  testPathIgnorePatterns: ['/node_modules/', '<rootDir>/.cluster/', '<rootDir>/dist/'],
 };
 
 export default {
