@@ -30,10 +30,30 @@ export function makeApiClient<T>(kc: k8s.KubeConfig, api: ApiConstructor<T>, tim
   };
   const config = k8s.createConfiguration({
     baseServer: new k8s.ServerConfiguration(cluster.server, {}),
-    authMethods: { default: kc },
+    authMethods: { default: sharedConnectionAuth(kc) },
     middleware: [timeout],
   });
   return new api(config);
+}
+
+/**
+ * KubeConfig's authentication, but with one connection pool per client. client-node gives every
+ * request a new undici Agent, i.e. a new TCP+TLS connection each time: milliseconds per call and
+ * a socket left behind. Headers (bearer tokens, refreshed by client-node) are still applied per
+ * request; the TLS client certificate is read once, when the pool is made.
+ */
+function sharedConnectionAuth(kc: k8s.KubeConfig): k8s.SecurityAuthentication {
+  let dispatcher: ReturnType<k8s.RequestContext['getDispatcher']>;
+  return {
+    getName: () => 'kubeconfig',
+    async applySecurityAuthentication(context: k8s.RequestContext) {
+      await kc.applySecurityAuthentication(context);
+      const fresh = context.getDispatcher();
+      if (dispatcher === undefined) dispatcher = fresh;
+      else if (fresh !== dispatcher) void (fresh as { close?: () => Promise<void> } | undefined)?.close?.();
+      if (dispatcher !== undefined) context.setDispatcher(dispatcher);
+    },
+  };
 }
 
 /** HTTP status of a Kubernetes API error, or undefined for transport failures. */

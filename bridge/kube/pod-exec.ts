@@ -9,11 +9,8 @@ export interface PodExecRequest {
   pod: string;
   container: string;
   argv: string[];
-  /**
-   * Written to the command's stdin. A function is called just before the stream opens, so a
-   * lookup it does (e.g. reading the box's env) overlaps the websocket handshake.
-   */
-  stdin?: Buffer | (() => Promise<Buffer>);
+  /** Written to the command's stdin, which is then closed; without it the command gets none. */
+  stdin?: Buffer;
   outputLimit: number;
   /** Stops waiting and calls onTimeout; 0 for none. */
   timeoutMs: number;
@@ -72,8 +69,6 @@ export class PodExec {
     const stdout = new CappedSink(req.outputLimit);
     const stderr = new CappedSink(req.outputLimit);
     const stdin = req.stdin ? new PassThrough() : null;
-    const input = typeof req.stdin === 'function' ? req.stdin() : req.stdin ? Promise.resolve(req.stdin) : undefined;
-    input?.catch(() => undefined); // handled below; never an unhandled rejection if connecting fails
     let status: k8s.V1Status | undefined;
 
     const ws = await withTimeout(
@@ -111,17 +106,9 @@ export class PodExec {
       req.signal?.addEventListener('abort', onAbort);
       if (req.signal?.aborted) onAbort();
 
-      if (stdin && input) {
-        input.then(
-          (data) => {
-            for (let i = 0; i < data.length; i += STDIN_CHUNK) stdin.write(data.subarray(i, i + STDIN_CHUNK));
-            stdin.end();
-          },
-          (err: unknown) => {
-            ws.close();
-            finish(() => reject(err));
-          },
-        );
+      if (stdin && req.stdin) {
+        for (let i = 0; i < req.stdin.length; i += STDIN_CHUNK) stdin.write(req.stdin.subarray(i, i + STDIN_CHUNK));
+        stdin.end();
       }
 
       const timer =

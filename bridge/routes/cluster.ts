@@ -17,7 +17,7 @@ export function clusterRoutes(cluster: ClusterService): Router {
     res.json(await cluster.nodeList());
   });
   router.get('/sandboxes', (_req, res) => {
-    res.json(cluster.sandboxes());
+    res.type('application/json').send(cluster.sandboxesJson());
   });
   // Before /sandboxes/:podName/logs so "metrics" is never taken for a pod name.
   router.get('/sandboxes/metrics', async (_req, res) => {

@@ -50,10 +50,13 @@ export class BoxCommands {
     const workdir = resolvePath(req.workdir, 'workdir');
     let outcome: 'ok' | 'nonzero' | 'timeout' | 'error' = 'error';
     try {
+      // Env values go over stdin, so they never appear in the exec URL (and API server audit
+      // logs). Read first (one request on a pooled connection): a box without env then needs
+      // no stdin stream at all, which is the cheaper exec.
+      const env = await this.deps.env.read(boxId);
       const result = await this.run(boxId, {
         argv: ['sh', '-c', EXEC_SCRIPT, 'sandbox-exec', workdir, req.command, execId],
-        // Env values go over stdin, fetched while the exec stream is being opened.
-        stdin: () => this.deps.env.read(boxId).then(envPreamble),
+        ...(Object.keys(env).length > 0 ? { stdin: envPreamble(env) } : {}),
         timeoutMs: req.timeoutMs,
         onTimeout: (pod) => this.kill(pod, execId),
       });
@@ -135,7 +138,7 @@ export class BoxCommands {
     boxId: string,
     opts: {
       argv: string[];
-      stdin?: Buffer | (() => Promise<Buffer>);
+      stdin?: Buffer;
       timeoutMs?: number;
       outputLimit?: number;
       onTimeout?: (pod: string) => Promise<void>;

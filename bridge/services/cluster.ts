@@ -28,6 +28,7 @@ export class ClusterService {
   private versionInfo: k8s.VersionInfo | undefined;
   private nodes: { at: number; items: Promise<k8s.V1Node[]> } | undefined;
   private readonly now: () => Date;
+  private readonly entryCache = new WeakMap<k8s.V1Pod, { created: string; name: string; json: string; createdMs: number }>();
 
   constructor(private readonly deps: ClusterServiceDeps) {
     this.now = deps.now ?? (() => new Date());
@@ -115,13 +116,29 @@ export class ClusterService {
     };
   }
 
-  sandboxes() {
-    const now = this.now();
-    const sandboxes = this.deps.cache
-      .list()
-      .map((pod) => sandboxSummary(pod, now))
-      .sort((a, b) => a.created_at.localeCompare(b.created_at) || a.name.localeCompare(b.name));
-    return { sandboxes, total: sandboxes.length, namespace: this.deps.namespace };
+  /**
+   * GET /sandboxes, serialized. At 10,000 boxes building and stringifying the list dominated
+   * the request, so each pod's entry is serialized once (a pod object is replaced in the cache
+   * when it changes, so the WeakMap entry goes with it) and only age_seconds is added per call.
+   */
+  sandboxesJson(): string {
+    const nowMs = this.now().getTime();
+    const entries: Array<{ created: string; name: string; json: string; createdMs: number }> = [];
+    for (const pod of this.deps.cache.list()) {
+      let entry = this.entryCache.get(pod);
+      if (!entry) {
+        const { age_seconds: _age, ...summary } = sandboxSummary(pod, new Date(nowMs));
+        const json = JSON.stringify(summary);
+        entry = { created: summary.created_at, name: summary.name, json: json.slice(0, -1), createdMs: Date.parse(summary.created_at) || nowMs };
+        this.entryCache.set(pod, entry);
+      }
+      entries.push(entry);
+    }
+    // Plain comparisons: ISO timestamps and DNS names sort correctly byte-wise (localeCompare is
+    // far too slow here).
+    entries.sort((a, b) => (a.created < b.created ? -1 : a.created > b.created ? 1 : a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    const items = entries.map((e) => `${e.json},"age_seconds":${Math.max(0, Math.floor((nowMs - e.createdMs) / 1000))}}`);
+    return `{"sandboxes":[${items.join(',')}],"total":${items.length},"namespace":${JSON.stringify(this.deps.namespace)}}`;
   }
 
   async logs(podName: string, tailLines?: number): Promise<string> {
