@@ -242,3 +242,39 @@ test('cluster info, nodes and the OpenAPI document', async () => {
   expect(doc.json.openapi).toBe('3.1.0');
   expect(doc.json.paths['/boxes'].post.requestBody.content['application/json'].schema.required).toEqual(['sessionId']);
 });
+
+test('pod metrics come from metrics.k8s.io; without that API the answer is a clear 500', async () => {
+  const box = await call('POST', '/boxes', { sessionId: 'metrics' });
+  const id = box.json.box_id;
+  const withMetrics = await waitFor(
+    'metrics-server to report the box',
+    async () => {
+      const res = await call('GET', '/sandboxes/metrics');
+      return res.json.metrics?.some((m: { pod_name: string }) => m.pod_name === id) ? res : undefined;
+    },
+    { timeoutMs: 90_000, intervalMs: 2000 },
+  );
+  expect(withMetrics.json.metrics.find((m: { pod_name: string }) => m.pod_name === id)).toEqual({
+    pod_name: id,
+    namespace,
+    cpu: expect.any(String),
+    memory: expect.any(String),
+    timestamp: expect.any(String),
+    window_seconds: expect.any(Number),
+  });
+
+  // Take the metrics API away for a moment (cluster-wide; restored below).
+  const registration = kc.makeApiClient(k8s.ApiregistrationV1Api);
+  const live = await registration.readAPIService({ name: 'v1beta1.metrics.k8s.io' });
+  await registration.deleteAPIService({ name: 'v1beta1.metrics.k8s.io' });
+  try {
+    const res = await waitFor('the metrics API to be gone', async () => {
+      const r = await call('GET', '/sandboxes/metrics');
+      return r.status === 500 ? r : undefined;
+    });
+    expect(res.json.error).toEqual({ type: 'internal_error', message: expect.stringMatching(/metrics.k8s.io API is not served.*install metrics-server/) });
+  } finally {
+    await registration.createAPIService({ body: { metadata: { name: live.metadata!.name!, labels: live.metadata?.labels ?? {} }, spec: live.spec } });
+  }
+  await call('DELETE', `/boxes/${id}`);
+});
