@@ -53,8 +53,10 @@ export class BoxCommands {
       // Env values go over stdin, so they never appear in the exec URL (and API server audit
       // logs). Read first (one request on a pooled connection): a box without env then needs
       // no stdin stream at all, which is the cheaper exec.
+      const pod = await this.deps.boxes.get(boxId); // 404/400 for unknown ids before any other call
       const env = await this.deps.env.read(boxId);
       const result = await this.run(boxId, {
+        pod,
         argv: ['sh', '-c', EXEC_SCRIPT, 'sandbox-exec', workdir, req.command, execId],
         ...(Object.keys(env).length > 0 ? { stdin: envPreamble(env) } : {}),
         timeoutMs: req.timeoutMs,
@@ -137,6 +139,8 @@ export class BoxCommands {
   private async run(
     boxId: string,
     opts: {
+      /** The box, when the caller has already looked it up. */
+      pod?: k8s.V1Pod;
       argv: string[];
       stdin?: Buffer;
       timeoutMs?: number;
@@ -144,7 +148,7 @@ export class BoxCommands {
       onTimeout?: (pod: string) => Promise<void>;
     },
   ): Promise<PodExecResult> {
-    const pod = await this.deps.boxes.get(boxId);
+    const pod = opts.pod ?? (await this.deps.boxes.get(boxId));
     const limit = this.deps.maxExecsPerBox();
     const current = this.running.get(boxId) ?? 0;
     if (current >= limit) {

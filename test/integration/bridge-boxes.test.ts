@@ -179,6 +179,18 @@ describe('bad requests change nothing', () => {
     expect(box.json.error.message).toBe('box box-doesnotexist-0 not found');
     const invalid = await call('GET', '/boxes/Not_A_Box/status');
     expect(invalid.status).toBe(400);
+    for (const [method, path, body] of [
+      ['POST', '/exec', { command: 'true' }],
+      ['POST', '/env', { envVars: { A: '1' } }],
+      ['GET', '/files?path=x', undefined],
+      ['PUT', '/files?path=x', 'content'],
+      ['DELETE', '', undefined],
+    ] as const) {
+      const missing = await call(method, `/boxes/box-doesnotexist-0${path}`, body);
+      expect([path, missing.status, missing.json.error.type]).toEqual([path, 404, 'not_found']);
+      const bad = await call(method, `/boxes/Not_A_Box${path}`, body);
+      expect([path, bad.status, bad.json.error.type]).toEqual([path, 400, 'invalid_request']);
+    }
   });
 
   test('allowlisted image prefixes are accepted', async () => {
