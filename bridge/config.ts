@@ -1,5 +1,6 @@
 // Bridge configuration: environment variables, validated with zod at start-up. A bad value
 // stops the process with a message naming the variable.
+import { ConfigError, configProblems } from '../common/config.js';
 import { readFileSync } from 'node:fs';
 import { z } from 'zod';
 import { LOG_LEVELS } from '../common/logger.js';
@@ -43,21 +44,21 @@ export const ConfigSchema = z
 
 export type Config = z.infer<typeof ConfigSchema>;
 
-export class ConfigError extends Error {}
+export { ConfigError };
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const parsed = ConfigSchema.safeParse(env);
-  const problems = parsed.success ? [] : parsed.error.issues.map((i) => `  ${i.path.join('.') || 'config'}: ${i.message}`);
+  const problems = parsed.success ? [] : configProblems(parsed.error);
   // Checked here rather than in the schema so it is reported together with every other problem.
-  if (!env.BRIDGE_TOKEN && !env.BRIDGE_TOKEN_FILE) problems.push('  BRIDGE_TOKEN: set BRIDGE_TOKEN or BRIDGE_TOKEN_FILE');
-  if (!parsed.success || problems.length > 0) throw new ConfigError(`invalid bridge configuration:\n${problems.join('\n')}`);
+  if (!env.BRIDGE_TOKEN && !env.BRIDGE_TOKEN_FILE) problems.push('BRIDGE_TOKEN: set BRIDGE_TOKEN or BRIDGE_TOKEN_FILE');
+  if (!parsed.success || problems.length > 0) throw new ConfigError('bridge', problems);
   const config = parsed.data;
   if (config.BRIDGE_TOKEN_FILE) {
     // Fail at start-up, not on the first request, when the mounted Secret is missing.
     try {
       readFileSync(config.BRIDGE_TOKEN_FILE, 'utf8');
     } catch (err) {
-      throw new ConfigError(`invalid bridge configuration:\n  BRIDGE_TOKEN_FILE: cannot read ${config.BRIDGE_TOKEN_FILE} (${(err as Error).message})`);
+      throw new ConfigError('bridge', [`BRIDGE_TOKEN_FILE: cannot read ${config.BRIDGE_TOKEN_FILE} (${(err as Error).message})`]);
     }
   }
   return config;

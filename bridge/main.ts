@@ -1,19 +1,11 @@
 // Entry point: `node dist/bridge/main.js` (container) or `npm run dev`.
 import { createLogger } from '../common/logger.js';
-import { ConfigError, loadConfig } from './config.js';
+import { loadOrExit } from '../common/config.js';
+import { loadConfig } from './config.js';
 import { startBridge } from './server.js';
 
 async function main(): Promise<void> {
-  let config;
-  try {
-    config = loadConfig();
-  } catch (err) {
-    if (err instanceof ConfigError) {
-      process.stderr.write(`${err.message}\n`);
-      process.exit(2);
-    }
-    throw err;
-  }
+  const config = loadOrExit(() => loadConfig(), '');
   const log = createLogger('sandbox-bridge', config.LOG_LEVEL);
   const bridge = await startBridge(config, { log });
   let stopping = false;

@@ -42,7 +42,14 @@ export function boxName(prefix: string, sessionId: string, slot: number): string
   return `${prefix}-${sessionHash(sessionId)}-${slot}`;
 }
 
+const ENV_SECRET_SUFFIX = '-env';
+
 /** Name of the Secret holding a box's environment variables. */
 export function envSecretName(boxId: string): string {
-  return `${boxId}-env`;
+  return `${boxId}${ENV_SECRET_SUFFIX}`;
+}
+
+/** The box an env Secret belongs to, by its name; undefined for other Secrets. */
+export function boxOfEnvSecret(secretName: string): string | undefined {
+  return secretName.endsWith(ENV_SECRET_SUFFIX) ? secretName.slice(0, -ENV_SECRET_SUFFIX.length) : undefined;
 }

@@ -31,10 +31,6 @@ export function parseQuantity(quantity: string | number): number {
   return value;
 }
 
-export function isQuantity(quantity: string): boolean {
-  return QUANTITY.test(quantity.trim());
-}
-
 /** Cores as Kubernetes writes them: whole cores as "2", fractions in millicores ("500m"). */
 export function formatCpu(cores: number): string {
   const milli = Math.round(cores * 1000);

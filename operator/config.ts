@@ -1,5 +1,6 @@
 // Operator configuration from the environment, validated up front so a bad value stops the
 // process with a message naming the variable instead of failing later.
+import { ConfigError, configProblems } from '../common/config.js';
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
 import { z } from 'zod';
@@ -30,16 +31,13 @@ export type OperatorConfig = z.infer<typeof ConfigSchema> & { identity: string }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): OperatorConfig {
   const parsed = ConfigSchema.safeParse(env);
-  if (!parsed.success) {
-    const problems = parsed.error.issues.map((i) => `  ${i.path.join('.')}: ${i.message}`).join('\n');
-    throw new ConfigError(`invalid operator configuration:\n${problems}`);
-  }
+  if (!parsed.success) throw new ConfigError('operator', configProblems(parsed.error));
   const c = parsed.data;
   if (c.LEASE_RENEW_SECONDS * 2 > c.LEASE_DURATION_SECONDS) {
-    throw new ConfigError('invalid operator configuration:\n  LEASE_RENEW_SECONDS must be at most half of LEASE_DURATION_SECONDS');
+    throw new ConfigError('operator', ['LEASE_RENEW_SECONDS must be at most half of LEASE_DURATION_SECONDS']);
   }
   // Unique per process even when two replicas share a host name (client-go does the same).
   return { ...c, identity: `${c.POD_NAME ?? hostname()}_${randomUUID().slice(0, 8)}` };
 }
 
-export class ConfigError extends Error {}
+export { ConfigError };

@@ -5,22 +5,14 @@ import type { Server } from 'node:http';
 import { loadKubeConfig } from '../common/kube.js';
 import { createLogger } from '../common/logger.js';
 import { createProbeServer, listen } from '../common/probe-server.js';
-import { ConfigError, loadConfig } from './config.js';
+import { loadOrExit } from '../common/config.js';
+import { loadConfig } from './config.js';
 import { Controller } from './controller.js';
 import { LeaderElector } from './leader-election.js';
 import { createOperatorMetrics } from './metrics.js';
 
 async function main(): Promise<void> {
-  let config;
-  try {
-    config = loadConfig();
-  } catch (err) {
-    if (err instanceof ConfigError) {
-      process.stderr.write(`sandbox-bridge operator: ${err.message}\n`);
-      process.exit(2);
-    }
-    throw err;
-  }
+  const config = loadOrExit(() => loadConfig(), 'sandbox-bridge operator: ');
   const log = createLogger('sandbox-bridge-operator', config.LOG_LEVEL);
   const kc = loadKubeConfig(config.KUBECONFIG);
   const metrics = createOperatorMetrics();

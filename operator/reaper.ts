@@ -1,7 +1,7 @@
 // Pure planning of box housekeeping: which box pods and env Secrets to delete, and when the next
 // one falls due (the reconciler requeues the pool for then instead of polling).
 import type * as k8s from '@kubernetes/client-node';
-import { ANNOTATIONS } from '../common/labels.js';
+import { ANNOTATIONS, boxOfEnvSecret } from '../common/labels.js';
 
 export type ReapReason = 'expired' | 'succeeded' | 'failed' | 'orphaned_secret';
 
@@ -37,8 +37,6 @@ export interface ReapInput {
   /** UIDs whose delete was already sent and not yet observed, so they are not sent again. */
   pending?: ReadonlySet<string>;
 }
-
-const ENV_SUFFIX = '-env';
 
 /** When a box expires: its expires-at annotation, else creation + the pool's default TTL. */
 export function expiryOf(pod: k8s.V1Pod, defaultTtlSeconds: number): number | undefined {
@@ -82,9 +80,10 @@ export function planReaps(input: ReapInput): ReapPlan {
 
   for (const secret of input.secrets) {
     const { name, namespace, uid } = secret.metadata ?? {};
-    if (!name || !namespace || !uid || !name.endsWith(ENV_SUFFIX)) continue;
+    const box = name ? boxOfEnvSecret(name) : undefined;
+    if (!name || !namespace || !uid || !box) continue;
     if (secret.metadata?.deletionTimestamp || pending?.has(uid)) continue;
-    if (livePods.has(name.slice(0, -ENV_SUFFIX.length))) continue;
+    if (livePods.has(box)) continue;
     const created = timestamp(secret.metadata?.creationTimestamp) ?? 0;
     const orphanAt = created + input.orphanGraceMs;
     if (orphanAt <= now) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'orphaned_secret' });

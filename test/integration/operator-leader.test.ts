@@ -3,7 +3,7 @@
 // and exits 0.
 import * as k8s from '@kubernetes/client-node';
 import { waitFor, testKubeConfig } from '../support/cluster.js';
-import { Pools, cleanupPools, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
+import { Pools, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
 
 const kc = testKubeConfig();
 const core = kc.makeApiClient(k8s.CoreV1Api);
@@ -30,7 +30,7 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
-  await cleanupPools(kc, pools, [poolName], [ns]);
+  await pools.cleanup();
   await Promise.all(replicas.map((r) => r.stop('SIGKILL')));
   await deleteLease(kc, leaseName);
 });

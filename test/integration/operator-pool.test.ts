@@ -4,7 +4,7 @@
 import * as k8s from '@kubernetes/client-node';
 import { apiMessage } from '../../common/kube.js';
 import { waitFor, testKubeConfig } from '../support/cluster.js';
-import { Pools, boxPod, cleanupPools, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
+import { Pools, boxPod, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
 
 const kc = testKubeConfig();
 const core = kc.makeApiClient(k8s.CoreV1Api);
@@ -13,32 +13,19 @@ const shard = uniqueName('pool');
 const pools = new Pools(kc, shard);
 const leaseName = `op-test-${shard}`;
 let operator: OperatorProcess;
-const created: string[] = [];
-const namespaces: string[] = [];
-
-async function newPool(spec: Record<string, unknown> = {}): Promise<{ name: string; ns: string }> {
-  const name = uniqueName('sbp');
-  const ns = `${name}-boxes`;
-  created.push(name);
-  namespaces.push(ns);
-  await pools.create(name, { namespace: ns, ...spec });
-  await pools.waitReady(name);
-  return { name, ns };
-}
-
 beforeAll(async () => {
   await installCrd(kc);
   operator = await startOperator({ shard, leaseName });
 });
 
 afterAll(async () => {
-  await cleanupPools(kc, pools, created, namespaces);
+  await pools.cleanup();
   await operator?.stop();
   await deleteLease(kc, leaseName);
 });
 
 test('a pool gets a labelled namespace, quota, limit range and network policy, all owned by it', async () => {
-  const { name, ns } = await newPool({ podSecurityLevel: 'baseline', maxBoxes: 20, quota: { cpu: '8', memory: '16Gi' } });
+  const { name, ns } = await pools.createReady({ podSecurityLevel: 'baseline', maxBoxes: 20, quota: { cpu: '8', memory: '16Gi' } });
   const pool = await pools.get(name);
   const owner = expect.objectContaining({ kind: 'SandboxPool', name, uid: pool.metadata.uid, controller: true });
 
@@ -84,7 +71,7 @@ test('a pool gets a labelled namespace, quota, limit range and network policy, a
 });
 
 test('editing the pool makes the children follow', async () => {
-  const { name, ns } = await newPool({ quota: { cpu: '8' } });
+  const { name, ns } = await pools.createReady({ quota: { cpu: '8' } });
   await pools.patchSpec(name, {
     podSecurityLevel: 'privileged',
     maxBoxes: 7,
@@ -114,7 +101,7 @@ test('editing the pool makes the children follow', async () => {
 });
 
 test('a deleted or edited child is repaired', async () => {
-  const { ns } = await newPool();
+  const { ns } = await pools.createReady();
   await core.deleteNamespacedResourceQuota({ name: 'sandbox-bridge-quota', namespace: ns });
   await net.deleteNamespacedNetworkPolicy({ name: 'sandbox-bridge-boxes', namespace: ns });
   await core.patchNamespacedLimitRange(
@@ -162,7 +149,7 @@ test('an invalid pool is rejected by the API server with a clear message', async
   expect(message).toMatch(/must be a CIDR with no host bits set/);
   expect(message).toMatch(/namespace must be a dedicated sandbox namespace/);
 
-  const { name } = await newPool();
+  const { name } = await pools.createReady();
   const immutable = await pools.patchSpec(name, { namespace: 'elsewhere' }).then(
     () => undefined,
     (err: unknown) => err,
@@ -171,7 +158,7 @@ test('an invalid pool is rejected by the API server with a clear message', async
 });
 
 test('the API server rejects the 51st box through the quota', async () => {
-  const { name, ns } = await newPool();
+  const { name, ns } = await pools.createReady();
   await waitFor('the quota to be counted', async () => {
     const q = await core.readNamespacedResourceQuota({ name: 'sandbox-bridge-quota', namespace: ns });
     return q.status?.hard?.pods === '50' ? true : undefined;

@@ -3,7 +3,7 @@
 // totalBoxesCreated continues across an operator restart without double counting.
 import * as k8s from '@kubernetes/client-node';
 import { waitFor, testKubeConfig } from '../support/cluster.js';
-import { Pools, boxPod, cleanupPools, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
+import { Pools, boxPod, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
 
 const kc = testKubeConfig();
 const core = kc.makeApiClient(k8s.CoreV1Api);
@@ -11,19 +11,6 @@ const shard = uniqueName('reap');
 const pools = new Pools(kc, shard);
 const leaseName = `op-test-${shard}`;
 let operator: OperatorProcess;
-const created: string[] = [];
-const namespaces: string[] = [];
-
-async function newPool(spec: Record<string, unknown> = {}): Promise<{ name: string; ns: string }> {
-  const name = uniqueName('sbp');
-  const ns = `${name}-boxes`;
-  created.push(name);
-  namespaces.push(ns);
-  await pools.create(name, { namespace: ns, ...spec });
-  await pools.waitReady(name);
-  return { name, ns };
-}
-
 /** When the pod was first seen deleted (deletionTimestamp set or gone), polling every 25 ms. */
 async function deletedAt(ns: string, name: string, timeoutMs: number): Promise<number> {
   return waitFor(
@@ -47,13 +34,13 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
-  await cleanupPools(kc, pools, created, namespaces);
+  await pools.cleanup();
   await operator?.stop();
   await deleteLease(kc, leaseName);
 });
 
 test('a box past its expires-at is deleted within 2 s of expiry, not before, and an Event records it', async () => {
-  const { name, ns } = await newPool();
+  const { name, ns } = await pools.createReady();
   const expiry = Math.ceil(Date.now() / 1000) * 1000 + 3000;
   const expiresAt = new Date(expiry).toISOString().replace('.000Z', 'Z');
   await core.createNamespacedPod({ namespace: ns, body: boxPod('short-lived', name, { 'sandbox-bridge.io/expires-at': expiresAt }) });
@@ -74,7 +61,7 @@ test('a box past its expires-at is deleted within 2 s of expiry, not before, and
 });
 
 test("without the annotation a box lives for the pool's defaultTtlSeconds from creation", async () => {
-  const { name, ns } = await newPool({ defaultTtlSeconds: 2 });
+  const { name, ns } = await pools.createReady({ defaultTtlSeconds: 2 });
   const pod = await core.createNamespacedPod({ namespace: ns, body: boxPod('plain', name) });
   const expiry = new Date(pod.metadata!.creationTimestamp!).getTime() + 2000;
   const at = await deletedAt(ns, 'plain', 10_000);
@@ -83,7 +70,7 @@ test("without the annotation a box lives for the pool's defaultTtlSeconds from c
 });
 
 test('a finished box and an orphaned env Secret are deleted; a live box keeps its Secret', async () => {
-  const { name, ns } = await newPool();
+  const { name, ns } = await pools.createReady();
   const finished = boxPod('finished', name);
   finished.spec!.nodeSelector = { 'sandbox-bridge.io/no-such-node': 'true' };
   await core.createNamespacedPod({ namespace: ns, body: finished });
@@ -122,7 +109,7 @@ test('a finished box and an orphaned env Secret are deleted; a live box keeps it
 });
 
 test('totalBoxesCreated survives an operator restart without double counting', async () => {
-  const { name, ns } = await newPool();
+  const { name, ns } = await pools.createReady();
   for (const i of [0, 1, 2]) await core.createNamespacedPod({ namespace: ns, body: boxPod(`b${i}`, name) });
   await waitFor('three boxes counted', async () => ((await pools.get(name)).status?.totalBoxesCreated === 3 ? true : undefined));
   // A deleted box stays counted.

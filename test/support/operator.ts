@@ -39,17 +39,52 @@ export function uniqueName(prefix: string): string {
 
 export class Pools {
   readonly api: k8s.CustomObjectsApi;
-  constructor(kc: k8s.KubeConfig, readonly shard: string) {
+  /** Pools (and their namespaces) created through this object, for cleanup(). */
+  private readonly created: Array<{ name: string; namespace: string }> = [];
+
+  constructor(
+    private readonly kc: k8s.KubeConfig,
+    readonly shard: string,
+  ) {
     this.api = kc.makeApiClient(k8s.CustomObjectsApi);
   }
 
   async create(name: string, spec: Partial<SandboxPoolSpec> & { namespace: string }): Promise<SandboxPool> {
-    return (await this.api.createClusterCustomObject({
+    const pool = (await this.api.createClusterCustomObject({
       group: POOL_GROUP,
       version: POOL_VERSION,
       plural: POOL_PLURAL,
       body: { apiVersion: POOL_API_VERSION, kind: POOL_KIND, metadata: { name, labels: { [SHARD_LABEL]: this.shard } }, spec },
     })) as SandboxPool;
+    this.created.push({ name, namespace: spec.namespace });
+    return pool;
+  }
+
+  /** A new pool with a unique name and its own namespace, once its operator reports it Ready. */
+  async createReady(spec: Record<string, unknown> = {}): Promise<{ name: string; ns: string }> {
+    const name = uniqueName('sbp');
+    const ns = `${name}-boxes`;
+    await this.create(name, { namespace: ns, ...spec });
+    await this.waitReady(name);
+    return { name, ns };
+  }
+
+  /**
+   * Deletes every pool this object created, the Events about them (they live in `default`,
+   * outside what garbage collection removes) and their namespaces (in case the operator never
+   * owned them).
+   */
+  async cleanup(): Promise<void> {
+    const core = this.kc.makeApiClient(k8s.CoreV1Api);
+    await Promise.all(this.created.map((p) => this.delete(p.name)));
+    await Promise.all(
+      this.created.map((p) =>
+        core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${p.name}` }).catch(() => undefined),
+      ),
+    );
+    await Promise.all(
+      this.created.map((p) => core.deleteNamespace({ name: p.namespace, propagationPolicy: 'Background' }).catch(() => undefined)),
+    );
   }
 
   async get(name: string): Promise<SandboxPool> {
@@ -185,21 +220,6 @@ export async function deleteLease(kc: k8s.KubeConfig, name: string, namespace = 
 }
 
 /** Deletes the pools and waits until their namespaces are gone or terminating. */
-export async function cleanupPools(kc: k8s.KubeConfig, pools: Pools, names: string[], namespaces: string[]): Promise<void> {
-  const core = kc.makeApiClient(k8s.CoreV1Api);
-  await Promise.all(names.map((n) => pools.delete(n)));
-  // Events about a cluster-scoped pool live in `default`, outside what garbage collection removes.
-  await Promise.all(
-    names.map((n) =>
-      core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${n}` }).catch(() => undefined),
-    ),
-  );
-  // Garbage collection removes the owned namespace; delete it directly too in case the operator never owned it.
-  await Promise.all(
-    namespaces.map((ns) => core.deleteNamespace({ name: ns, propagationPolicy: 'Background' }).catch(() => undefined)),
-  );
-}
-
 /** A box pod as the bridge would create it: restricted, small, on a kwok node. */
 export function boxPod(
   name: string,
