@@ -1,13 +1,20 @@
 // The API contract as zod schemas: requests are validated with them, and the OpenAPI
 // document (openapi.ts) is generated from them, so the two cannot drift apart.
 import { z } from 'zod';
+import { RESERVED_ENV_PREFIX } from './services/box-scripts.js';
 
 export const MAX_EXEC_TIMEOUT_MS = 600_000;
 export const DEFAULT_EXEC_TIMEOUT_MS = 120_000;
 export const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 const EnvVars = z
-  .record(z.string().regex(ENV_NAME, 'environment variable names must match ^[A-Za-z_][A-Za-z0-9_]*$'), z.string())
+  .record(
+    z
+      .string()
+      .regex(ENV_NAME, 'environment variable names must match ^[A-Za-z_][A-Za-z0-9_]*$')
+      .refine((name) => !name.startsWith(RESERVED_ENV_PREFIX), `environment variable names starting with ${RESERVED_ENV_PREFIX} are reserved`),
+    z.string().refine((value) => !value.includes('\0'), 'environment variable values must not contain NUL bytes'),
+  )
   .describe('Environment variables (name to value). Values are stored in a Secret and never returned.');
 
 // ---- requests ----

@@ -17,7 +17,7 @@ import {
   READ_NOT_FOUND,
   READ_SCRIPT,
   WRITE_SCRIPT,
-  envPreamble,
+  envBlock,
 } from './box-scripts.js';
 import type { BoxService } from './boxes.js';
 import type { EnvStore } from './env-store.js';
@@ -51,14 +51,16 @@ export class BoxCommands {
     let outcome: 'ok' | 'nonzero' | 'timeout' | 'error' = 'error';
     try {
       // Env values go over stdin, so they never appear in the exec URL (and API server audit
-      // logs). Read first (one request on a pooled connection): a box without env then needs
-      // no stdin stream at all, which is the cheaper exec.
+      // logs). The Secret is read first, from the API server rather than a watch cache, so an
+      // env set through another replica a moment ago is seen; a box without env then needs no
+      // stdin stream at all, which is the cheaper exec (measured: bench/results/bridge.md).
       const pod = await this.deps.boxes.get(boxId); // 404/400 for unknown ids before any other call
       const env = await this.deps.env.read(boxId);
+      const withEnv = Object.keys(env).length > 0;
       const result = await this.run(boxId, {
         pod,
-        argv: ['sh', '-c', EXEC_SCRIPT, 'sandbox-exec', workdir, req.command, execId],
-        ...(Object.keys(env).length > 0 ? { stdin: envPreamble(env) } : {}),
+        argv: ['sh', '-c', EXEC_SCRIPT, 'sandbox-exec', workdir, req.command, execId, withEnv ? 'env' : 'none'],
+        ...(withEnv ? { stdin: envBlock(env) } : {}),
         timeoutMs: req.timeoutMs,
         onTimeout: (pod) => this.kill(pod, execId),
       });

@@ -2,16 +2,37 @@
 // values, exec ids) is passed as positional arguments or on stdin, never spliced into a script;
 // only the user's command itself is run by a shell, as intended.
 
+/** EXEC_SCRIPT's own variables; user env names with this prefix are refused (400). */
+export const RESERVED_ENV_PREFIX = '__sb_';
+
+/** EXEC_SCRIPT's exit status when its env block was cut short. */
+export const ENV_INCOMPLETE = 125;
+
 /**
- * argv: $1 workdir, $2 command, $3 exec id. stdin: NAME=<base64 value> lines, then an empty line.
- * Exports the variables and the exec id (which marks every process of this exec, so a timeout
- * can kill exactly them), then runs the command with stdin from /dev/null.
+ * argv: $1 workdir, $2 command, $3 exec id, $4 "env" when stdin carries the env block from
+ * envBlock() (which ends with an empty line; a box without env gets no stdin at all, the
+ * cheaper exec). Exports the variables and the exec id (which marks every process of this
+ * exec, so a timeout can kill exactly them), then runs the command with stdin from /dev/null.
+ * If stdin ends before the empty line (the bridge could not read the env), nothing runs: 125.
+ * Only shell builtins until the command itself: no fork per variable, in dash and busybox alike.
+ * Its own variables carry the prefix RESERVED_ENV_PREFIX, which env names may not use.
  */
 export const EXEC_SCRIPT = [
-  'while IFS= read -r line && [ -n "$line" ]; do',
-  '  v=$(printf %s "${line#*=}" | base64 -d; echo x)',
-  '  export "${line%%=*}=${v%x}"',
+  '__sb_done=',
+  '[ "$4" = env ] || __sb_done=1',
+  'while [ -z "$__sb_done" ] && IFS= read -r __sb_name; do',
+  '  [ -z "$__sb_name" ] && { __sb_done=1; break; }',
+  '  IFS= read -r __sb_lines || break',
+  '  __sb_v= __sb_i=0',
+  '  while [ "$__sb_i" -lt "$__sb_lines" ] && IFS= read -r __sb_l; do',
+  '    if [ "$__sb_i" -eq 0 ]; then __sb_v=$__sb_l; else __sb_v="$__sb_v',
+  '$__sb_l"; fi',
+  '    __sb_i=$((__sb_i + 1))',
+  '  done',
+  '  export "$__sb_name=$__sb_v"',
   'done',
+  `[ -n "$__sb_done" ] || { echo "sandbox-bridge: incomplete environment; command not run" >&2; exit ${ENV_INCOMPLETE}; }`,
+  'unset __sb_done __sb_name __sb_lines __sb_v __sb_i __sb_l',
   'export SANDBOX_EXEC_ID="$3"',
   'cd "$1" || exit 1',
   'exec sh -c "$2" </dev/null',
@@ -59,9 +80,16 @@ export const WRITE_SCRIPT = [
   'wc -c < "$1"',
 ].join('\n');
 
-/** Encodes env vars for EXEC_SCRIPT's stdin. */
-export function envPreamble(vars: Record<string, string>): Buffer {
+/**
+ * The env block for EXEC_SCRIPT's stdin: per variable its name, its number of lines, then its
+ * lines (so values may hold newlines and anything else, read with `read -r` and no decoding);
+ * an empty line ends the block.
+ */
+export function envBlock(vars: Record<string, string>): Buffer {
   let text = '';
-  for (const [name, value] of Object.entries(vars)) text += `${name}=${Buffer.from(value, 'utf8').toString('base64')}\n`;
-  return Buffer.from(`${text}\n`);
+  for (const [name, value] of Object.entries(vars)) {
+    const lines = value.split('\n');
+    text += `${name}\n${lines.length}\n${lines.join('\n')}\n`;
+  }
+  return Buffer.from(`${text}\n`, 'utf8');
 }

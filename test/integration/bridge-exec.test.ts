@@ -97,6 +97,14 @@ suite('exec, files and env in a real container', () => {
     const bad = await call('POST', `/boxes/${box}/env`, { envVars: { '1BAD': 'x' } });
     expect(bad.status).toBe(400);
     expect(bad.json.error.message).toMatch(/environment variable names must match/);
+    const reserved = await call('POST', `/boxes/${box}/env`, { envVars: { __sb_v: 'x', OK: 'fine' } });
+    expect(reserved.status).toBe(400);
+    expect(reserved.json.error.message).toMatch(/__sb_ are reserved/);
+    const nul = await call('POST', `/boxes/${box}/env`, { envVars: { OK: 'a\u0000b' } });
+    expect(nul.status).toBe(400);
+    expect(nul.json.error.message).toMatch(/NUL/);
+    // nothing of a refused request was stored
+    expect((await exec('echo "[${OK-unset}]"')).json.stdout).toBe('[unset]\n');
     const long = await exec('true', { timeoutMs: 600_001 });
     expect(long.status).toBe(400);
     expect(long.json.error.message).toMatch(/at most 600000/);
