@@ -106,6 +106,32 @@ export class ResilientInformer<T extends k8s.KubernetesObject> {
   }
 }
 
+/** Page size of the initial lists of large caches (box pods, their Secrets). */
+export const LIST_PAGE_SIZE = 500;
+
+/**
+ * An informer's initial list, in pages (one consistent snapshot, via continue tokens), each
+ * page trimmed as it arrives: a 10,000-pod response parsed whole would push the heap, and so
+ * the RSS, far beyond what the trimmed cache needs.
+ */
+export async function listPaged<T extends k8s.KubernetesObject>(
+  page: (params: { limit: number; _continue?: string }) => Promise<k8s.KubernetesListObject<T>>,
+  trim: (item: T) => void,
+): Promise<k8s.KubernetesListObject<T>> {
+  let cont: string | undefined;
+  const items: T[] = [];
+  let last: k8s.KubernetesListObject<T>;
+  do {
+    last = await page({ limit: LIST_PAGE_SIZE, ...(cont ? { _continue: cont } : {}) });
+    for (const item of last.items) {
+      trim(item);
+      items.push(item);
+    }
+    cont = last.metadata?._continue || undefined;
+  } while (cont);
+  return { ...last, items };
+}
+
 function errorSummary(err: unknown): string {
   if (err instanceof k8s.ApiException) return `HTTP ${err.code}`;
   return err instanceof Error ? err.message : String(err);

@@ -4,7 +4,7 @@
 // Caches run on every replica (a standby takes over warm); workers only on the leader.
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { ResilientInformer } from '../common/informer.js';
+import { ResilientInformer, listPaged } from '../common/informer.js';
 import { makeApiClient } from '../common/kube.js';
 import { BOX_SELECTOR, LABELS } from '../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool } from '../common/pool.js';
@@ -68,12 +68,12 @@ export class Controller {
     );
     this.pods = informer(
       '/api/v1/pods',
-      () => listPaged((_continue) => core.listPodForAllNamespaces({ labelSelector: BOX_SELECTOR, limit: PAGE_SIZE, _continue })),
+      () => listPaged((page) => core.listPodForAllNamespaces({ labelSelector: BOX_SELECTOR, ...page }), slim),
       BOX_SELECTOR,
     );
     const secrets = informer(
       '/api/v1/secrets',
-      () => listPaged((_continue) => core.listSecretForAllNamespaces({ labelSelector: BOX_SELECTOR, limit: PAGE_SIZE, _continue })),
+      () => listPaged((page) => core.listSecretForAllNamespaces({ labelSelector: BOX_SELECTOR, ...page }), slim),
       BOX_SELECTOR,
     );
     const namespaces = informer('/api/v1/namespaces', () => core.listNamespace({ labelSelector: CHILD_SELECTOR }), CHILD_SELECTOR);
@@ -228,25 +228,4 @@ function slim<T extends k8s.KubernetesObject & { spec?: unknown; status?: unknow
   const status = obj.status as { phase?: string } | undefined;
   if (status && typeof status === 'object') obj.status = { phase: status.phase } as T['status'];
   return obj;
-}
-
-const PAGE_SIZE = 500;
-
-/**
- * Lists in pages (one consistent snapshot, via continue tokens) and trims each page as it
- * arrives: one 10,000-pod response would be parsed whole and push the heap, and so the RSS, far
- * beyond what the trimmed cache needs.
- */
-async function listPaged<T extends k8s.KubernetesObject & { spec?: unknown; status?: unknown }>(
-  page: (cont: string | undefined) => Promise<k8s.KubernetesListObject<T>>,
-): Promise<k8s.KubernetesListObject<T>> {
-  let cont: string | undefined;
-  const items: T[] = [];
-  let last: k8s.KubernetesListObject<T>;
-  do {
-    last = await page(cont);
-    for (const item of last.items) items.push(slim(item));
-    cont = last.metadata?._continue || undefined;
-  } while (cont);
-  return { ...last, items };
 }

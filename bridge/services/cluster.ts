@@ -8,6 +8,14 @@ import type { KubeCall } from '../kube/instrument.js';
 import type { PolicySource } from '../kube/policy.js';
 import type { BoxService } from './boxes.js';
 
+/** One pod's line of GET /sandboxes, serialized without its closing brace and age. */
+interface SandboxEntry {
+  created: string;
+  name: string;
+  json: string;
+  createdMs: number;
+}
+
 export interface ClusterServiceDeps {
   core: k8s.CoreV1Api;
   version: k8s.VersionApi;
@@ -28,7 +36,8 @@ export class ClusterService {
   private versionInfo: k8s.VersionInfo | undefined;
   private nodes: { at: number; items: Promise<k8s.V1Node[]> } | undefined;
   private readonly now: () => Date;
-  private readonly entryCache = new WeakMap<k8s.V1Pod, { created: string; name: string; json: string; createdMs: number }>();
+  private readonly entryCache = new WeakMap<k8s.V1Pod, SandboxEntry>();
+  private listed: { version: number; second: number; entries: SandboxEntry[]; json: string } | undefined;
 
   constructor(private readonly deps: ClusterServiceDeps) {
     this.now = deps.now ?? (() => new Date());
@@ -117,28 +126,41 @@ export class ClusterService {
   }
 
   /**
-   * GET /sandboxes, serialized. At 10,000 boxes building and stringifying the list dominated
-   * the request, so each pod's entry is serialized once (a pod object is replaced in the cache
-   * when it changes, so the WeakMap entry goes with it) and only age_seconds is added per call.
+   * GET /sandboxes, serialized. At 10,000 boxes building, sorting and stringifying the list
+   * dominated the request, so: each pod's entry is serialized once (a changed pod is a new
+   * object in the cache, so its WeakMap entry goes with it); the sorted order is kept until the
+   * cache changes; and the finished document is reused within the same second while the cache
+   * is unchanged. Ages are whole seconds counted from the start of the current second.
    */
   sandboxesJson(): string {
-    const nowMs = this.now().getTime();
-    const entries: Array<{ created: string; name: string; json: string; createdMs: number }> = [];
-    for (const pod of this.deps.cache.list()) {
-      let entry = this.entryCache.get(pod);
-      if (!entry) {
-        const { age_seconds: _age, ...summary } = sandboxSummary(pod, new Date(nowMs));
-        const json = JSON.stringify(summary);
-        entry = { created: summary.created_at, name: summary.name, json: json.slice(0, -1), createdMs: Date.parse(summary.created_at) || nowMs };
-        this.entryCache.set(pod, entry);
+    const second = Math.floor(this.now().getTime() / 1000);
+    const version = this.deps.cache.version();
+    const listed = this.listed;
+    if (listed?.version === version && listed.second === second) return listed.json;
+
+    let entries: SandboxEntry[];
+    if (listed?.version === version) {
+      entries = listed.entries;
+    } else {
+      entries = [];
+      for (const pod of this.deps.cache.list()) {
+        let entry = this.entryCache.get(pod);
+        if (!entry) {
+          const { age_seconds: _age, ...summary } = sandboxSummary(pod, new Date(second * 1000));
+          entry = { created: summary.created_at, name: summary.name, json: JSON.stringify(summary).slice(0, -1), createdMs: Date.parse(summary.created_at) || second * 1000 };
+          this.entryCache.set(pod, entry);
+        }
+        entries.push(entry);
       }
-      entries.push(entry);
+      // Plain comparisons: ISO timestamps and DNS names sort correctly byte-wise (localeCompare
+      // is far too slow here).
+      entries.sort((a, b) => (a.created < b.created ? -1 : a.created > b.created ? 1 : a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
     }
-    // Plain comparisons: ISO timestamps and DNS names sort correctly byte-wise (localeCompare is
-    // far too slow here).
-    entries.sort((a, b) => (a.created < b.created ? -1 : a.created > b.created ? 1 : a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    const nowMs = second * 1000;
     const items = entries.map((e) => `${e.json},"age_seconds":${Math.max(0, Math.floor((nowMs - e.createdMs) / 1000))}}`);
-    return `{"sandboxes":[${items.join(',')}],"total":${items.length},"namespace":${JSON.stringify(this.deps.namespace)}}`;
+    const json = `{"sandboxes":[${items.join(',')}],"total":${items.length},"namespace":${JSON.stringify(this.deps.namespace)}}`;
+    this.listed = { version, second, entries, json };
+    return json;
   }
 
   async logs(podName: string, tailLines?: number): Promise<string> {
