@@ -106,6 +106,24 @@ export class ResilientInformer<T extends k8s.KubernetesObject> {
   }
 }
 
+/**
+ * The metadata a trimmed cache keeps (no managed fields): a fresh object, so a cached object is
+ * slimmed by assignment; `delete` would leave V8 objects in larger, slower dictionary mode.
+ */
+export function slimMetadata(m: k8s.V1ObjectMeta): k8s.V1ObjectMeta {
+  return {
+    name: m.name,
+    namespace: m.namespace,
+    uid: m.uid,
+    resourceVersion: m.resourceVersion, // the informer compares it on relists
+    creationTimestamp: m.creationTimestamp,
+    deletionTimestamp: m.deletionTimestamp,
+    labels: m.labels,
+    annotations: m.annotations,
+    ownerReferences: m.ownerReferences,
+  } as k8s.V1ObjectMeta;
+}
+
 /** Page size of the initial lists of large caches (box pods, their Secrets). */
 export const LIST_PAGE_SIZE = 500;
 

@@ -4,7 +4,7 @@
 // Caches run on every replica (a standby takes over warm); workers only on the leader.
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { ResilientInformer, listPaged } from '../common/informer.js';
+import { ResilientInformer, listPaged, slimMetadata } from '../common/informer.js';
 import { makeApiClient } from '../common/kube.js';
 import { BOX_SELECTOR, LABELS } from '../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool } from '../common/pool.js';
@@ -215,16 +215,18 @@ export class Controller {
 }
 
 /**
- * Drops what the reaper never reads from cached boxes and Secrets (managed fields, pod spec and
- * container statuses, Secret data): with 10,000 boxes that is most of the operator's memory. The
- * handler receives the very object the informer caches, and this cache is private to the
- * controller, so trimming it in place is safe.
+ * Keeps only what the reaper reads from cached boxes and Secrets (metadata without managed
+ * fields, the pod phase; no pod spec, no Secret data): with 10,000 boxes that is most of the
+ * operator's memory. The handler receives the very object the informer caches, and this cache
+ * is private to the controller, so trimming it in place is safe. Parts are replaced by small
+ * fresh objects or set to undefined, never `delete`d, which would leave V8 objects in larger
+ * dictionary mode.
  */
 function slim<T extends k8s.KubernetesObject & { spec?: unknown; status?: unknown; data?: unknown; stringData?: unknown }>(obj: T): T {
-  if (obj.metadata) delete obj.metadata.managedFields;
-  if ('data' in obj) delete obj.data;
-  if ('stringData' in obj) delete obj.stringData;
-  if (obj.kind !== 'Secret' && obj.spec) obj.spec = undefined;
+  if (obj.metadata) obj.metadata = slimMetadata(obj.metadata);
+  if (obj.data !== undefined) obj.data = undefined;
+  if (obj.stringData !== undefined) obj.stringData = undefined;
+  if (obj.spec !== undefined) obj.spec = undefined;
   const status = obj.status as { phase?: string } | undefined;
   if (status && typeof status === 'object') obj.status = { phase: status.phase } as T['status'];
   return obj;

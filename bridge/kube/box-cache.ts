@@ -2,7 +2,7 @@
 // session slots) is answered here without an API round trip.
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { ResilientInformer, listPaged } from '../../common/informer.js';
+import { ResilientInformer, listPaged, slimMetadata } from '../../common/informer.js';
 import { BOX_SELECTOR, LABELS } from '../../common/labels.js';
 import { boxState } from '../box-pod.js';
 
@@ -143,19 +143,7 @@ export class BoxCache implements BoxReader {
  * slower, larger dictionary mode.
  */
 export function trimPod(pod: k8s.V1Pod): void {
-  const m = pod.metadata;
-  if (m) {
-    pod.metadata = {
-      name: m.name,
-      namespace: m.namespace,
-      uid: m.uid, // owner of the box's env Secret
-      resourceVersion: m.resourceVersion, // the informer compares it on relists
-      creationTimestamp: m.creationTimestamp,
-      deletionTimestamp: m.deletionTimestamp,
-      labels: m.labels,
-      annotations: m.annotations,
-    } as k8s.V1ObjectMeta;
-  }
+  if (pod.metadata) pod.metadata = slimMetadata(pod.metadata); // uid: owner of the box's env Secret
   const spec = pod.spec;
   if (spec) {
     pod.spec = {
