@@ -43,5 +43,5 @@ COPY --from=build /src/dist ./dist
 COPY package.json ./
 USER 65534:65534
 EXPOSE 8080 9090
-ENTRYPOINT ["/nodejs/bin/node"]
+ENTRYPOINT ["/nodejs/bin/node", "--optimize-for-size"]
 CMD ["dist/bridge/main.js"]

@@ -10,6 +10,7 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
+import { NODE_FLAGS } from '../dist/common/node-flags.js';
 
 const root = join(import.meta.dirname, '..');
 const POOL = process.env.DEV_POOL ?? 'dev';
@@ -99,7 +100,7 @@ async function applyPolicy(kc) {
 }
 
 function run(name, entry, env) {
-  const child = spawn(process.execPath, [join(root, entry)], { env: { ...process.env, ...env }, stdio: ['ignore', 'inherit', 'inherit'] });
+  const child = spawn(process.execPath, [...NODE_FLAGS, join(root, entry)], { env: { ...process.env, ...env }, stdio: ['ignore', 'inherit', 'inherit'] });
   child.on('exit', (code, signal) => {
     if (!stopping) {
       say(`${name} exited (${signal ?? code}); stopping`);

@@ -5,6 +5,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { load } from 'js-yaml';
+import { NODE_FLAGS } from '../../common/node-flags.js';
 import { CHART, ROOT, template } from '../chart/helm.js';
 
 interface Instruction {
@@ -74,8 +75,9 @@ test('runs as 65534; default command is the bridge, the operator is an argument 
   expect(user).toMatch(/^65534(:65534)?$/);
   const entrypoint = JSON.parse(runtime.instructions.find((i) => i.op === 'ENTRYPOINT')!.args) as string[];
   const cmd = JSON.parse(runtime.instructions.find((i) => i.op === 'CMD')!.args) as string[];
-  expect(entrypoint).toHaveLength(1);
+  // node plus the V8 flags every other launcher uses (common/node-flags.ts)
   expect(entrypoint[0]).toMatch(/\/node$/);
+  expect(entrypoint.slice(1)).toEqual(NODE_FLAGS);
   expect(cmd).toEqual(['dist/bridge/main.js']);
   // The chart runs the operator from the same image with these args; both entry points exist
   // in the build output (the integration globalSetup compiled dist/).

@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
+import { NODE_FLAGS } from '../../common/node-flags.js';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION, type SandboxPool, type SandboxPoolSpec } from '../../common/pool.js';
 import { waitFor } from './cluster.js';
 
@@ -154,7 +155,7 @@ export async function startOperator(options: OperatorOptions): Promise<OperatorP
   const port = await freePort();
   const name = options.name ?? 'operator';
   let output = '';
-  const proc = spawn(join(ROOT, 'node_modules/.bin/node'), [join(ROOT, 'dist/operator/main.js')], {
+  const proc = spawn(join(ROOT, 'node_modules/.bin/node'), [...NODE_FLAGS, join(ROOT, 'dist/operator/main.js')], {
     env: {
       PATH: process.env.PATH,
       KUBECONFIG: process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG,
