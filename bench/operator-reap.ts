@@ -7,13 +7,14 @@
 // bound round-robin to those nodes (spec.nodeName, so creating them does not also benchmark the
 // scheduler) with an expires-at in the past, then starts `node dist/operator/main.js` and
 // measures: time until every delete was issued, time until every pod is gone from the API (kwok
-// finalizes the graceful deletions), and the operator's peak RSS sampled from /proc every 100 ms.
+// finalizes the graceful deletions), the operator's peak RSS (the kernel's VmHWM) and the CPU time it and the cluster used.
 // Afterwards it deletes its pool, namespace and lease, and removes the nodes it added.
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
+import { NODE_FLAGS } from '../common/node-flags.js';
 
 const ROOT = process.cwd();
 const BOXES = Number(process.env.BENCH_BOXES ?? 10_000);
@@ -54,9 +55,30 @@ async function countBoxes(): Promise<number> {
   return page.items.length + (page.metadata?.remainingItemCount ?? 0);
 }
 
-function rssMiB(pid: number): number {
+/** CPU seconds (user + system) a process has used so far; 0 once it is gone. */
+function cpuSeconds(pid: number): number {
   try {
-    const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    return (Number(fields[11]) + Number(fields[12])) / 100; // utime, stime in clock ticks (USER_HZ 100)
+  } catch {
+    return 0;
+  }
+}
+
+/** The local cluster's processes whose CPU the bench reports beside the operator's (process names as /proc shows them, cut at 15 characters). */
+function clusterPids(): Record<string, number[]> {
+  const pids: Record<string, number[]> = {};
+  for (const name of ['kube-apiserver', 'etcd', 'kwok-controller', 'kube-controller']) {
+    const r = spawnSync('pgrep', ['-x', name], { encoding: 'utf8' });
+    pids[name] = r.stdout.split('\n').filter(Boolean).map(Number);
+  }
+  return pids;
+}
+
+/** Current RSS, or with `peak` the kernel's high-water mark of it (VmHWM), in MiB; 0 once gone. */
+function rssMiB(pid: number, peak = false): number {
+  try {
+    const m = new RegExp(`${peak ? 'VmHWM' : 'VmRSS'}:\\s+(\\d+) kB`).exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
     return m ? Number(m[1]) / 1024 : 0;
   } catch {
     return 0;
@@ -130,9 +152,12 @@ async function main(): Promise<void> {
   log(`created ${BOXES} expired boxes in ${createSeconds.toFixed(1)} s (${(BOXES / createSeconds).toFixed(0)}/s)`);
 
   // The operator under test: the real entry point, scoped to this bench's pool.
+  const components = clusterPids();
+  const cpuOf = () => Object.fromEntries(Object.entries(components).map(([k, pids]) => [k, pids.reduce((a, p) => a + cpuSeconds(p), 0)]));
+  const cpuBefore = cpuOf();
   const port = 19000 + Math.floor(Math.random() * 1000);
   const start = Date.now();
-  const op = spawn(join(ROOT, 'node_modules/.bin/node'), [join(ROOT, 'dist/operator/main.js')], {
+  const op = spawn(join(ROOT, 'node_modules/.bin/node'), [...NODE_FLAGS, join(ROOT, 'dist/operator/main.js')], {
     env: {
       PATH: process.env.PATH,
       KUBECONFIG,
@@ -145,8 +170,6 @@ async function main(): Promise<void> {
     },
     stdio: ['ignore', 'ignore', 'inherit'],
   });
-  let peakRss = 0;
-  const sampler = setInterval(() => (peakRss = Math.max(peakRss, rssMiB(op.pid!))), 100);
 
   const reapedTotal = async () => {
     const text = await fetch(`http://127.0.0.1:${port}/metrics`).then((r) => r.text()).catch(() => '');
@@ -164,8 +187,9 @@ async function main(): Promise<void> {
   const pool = (await custom.getClusterCustomObject({ group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools', name: poolName })) as {
     status?: { totalBoxesCreated?: number; activeBoxes?: number };
   };
-  clearInterval(sampler);
-  peakRss = Math.max(peakRss, rssMiB(op.pid!));
+  const cpuAfter = cpuOf();
+  const operatorCpu = cpuSeconds(op.pid!);
+  const peakRss = rssMiB(op.pid!, true);
   const finalRss = rssMiB(op.pid!);
   op.kill('SIGTERM');
   await new Promise((r) => op.once('exit', r));
@@ -179,6 +203,7 @@ async function main(): Promise<void> {
     ['operator start -> all boxes gone', secs(goneAt), '<= 60 s'],
     ['operator peak RSS', `${peakRss.toFixed(0)} MiB`, '<= 256 MiB'],
     ['operator RSS at end', `${finalRss.toFixed(0)} MiB`, ''],
+    ['CPU used meanwhile: operator / ' + Object.keys(cpuAfter).join(' / '), [operatorCpu, ...Object.keys(cpuAfter).map((k) => cpuAfter[k]! - cpuBefore[k]!)].map((s) => `${s.toFixed(0)} s`).join(' / '), ''],
     ['status.totalBoxesCreated', String(pool.status?.totalBoxesCreated ?? '?'), `= ${BOXES}`],
     ['status.activeBoxes', String(pool.status?.activeBoxes ?? '?'), '= 0'],
   ];
@@ -198,6 +223,7 @@ async function main(): Promise<void> {
       issuedSeconds: issuedAt && (issuedAt - start) / 1000,
       goneSeconds: goneAt && (goneAt - start) / 1000,
       peakRssMiB: Math.round(peakRss),
+      cpuSeconds: { operator: operatorCpu, ...Object.fromEntries(Object.keys(cpuAfter).map((k) => [k, cpuAfter[k]! - cpuBefore[k]!])) },
       totalBoxesCreated: pool.status?.totalBoxesCreated,
     }, null, 2) + '\n',
   );
@@ -208,11 +234,15 @@ async function main(): Promise<void> {
   await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: leaseName, namespace: 'default' }).catch(() => undefined);
   await core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${poolName}` }).catch(() => undefined);
   if (!KEEP_NODES && before.length < NODES) {
-    const keep = new Set(before.map((n) => n.replace('node/', '')));
-    const extra = kwokNodes().map((n) => n.replace('node/', '')).filter((n) => !keep.has(n));
-    log(`removing the ${extra.length} nodes the bench added`);
-    for (let i = 0; i < extra.length; i += 200) kubectl('delete', 'node', '--wait=false', ...extra.slice(i, i + 200));
+    // Through kwokctl, as up.sh scaled up: nodes deleted behind its back made the next scale-up
+    // (e.g. the bridge bench's) wait for nodes that were still going away.
+    log(`scaling back to ${before.length} simulated nodes`);
+    spawnSync(join(ROOT, '.cluster/bin/kwokctl'), ['scale', 'node', '--name', 'sandbox-bridge', '--config', join(ROOT, '.cluster/kwok.yaml'), '--replicas', String(before.length)], {
+      env: { ...process.env, KWOK_WORKDIR: join(ROOT, '.cluster/kwok') },
+      stdio: 'ignore',
+    });
   }
+
 }
 
 main().catch((err: unknown) => {
