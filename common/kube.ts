@@ -39,22 +39,38 @@ export function makeApiClient<T>(kc: k8s.KubeConfig, api: ApiConstructor<T>, tim
 /**
  * KubeConfig's authentication, but with one connection pool per client. client-node gives every
  * request a new undici Agent, i.e. a new TCP+TLS connection each time: milliseconds per call and
- * a socket left behind. Headers (bearer tokens, refreshed by client-node) are still applied per
- * request; the TLS client certificate is read once, when the pool is made.
+ * a socket left behind. Even closed unused, each Agent cost ~0.1 ms of CPU (profiled in the
+ * operator's reap bench), so KubeConfig's authentication is run at most every AUTH_REFRESH_MS and
+ * its headers (bearer tokens, which client-node refreshes from their file or plugin) are reused
+ * in between; the TLS client certificate is read once, when the pool is made.
  */
-function sharedConnectionAuth(kc: k8s.KubeConfig): k8s.SecurityAuthentication {
+export function sharedConnectionAuth(kc: Pick<k8s.KubeConfig, 'applySecurityAuthentication'>, now: () => number = Date.now): k8s.SecurityAuthentication {
   let dispatcher: ReturnType<k8s.RequestContext['getDispatcher']>;
+  let headers: Record<string, string> | undefined;
+  let fetchedAt = 0;
   return {
     getName: () => 'kubeconfig',
     async applySecurityAuthentication(context: k8s.RequestContext) {
-      await kc.applySecurityAuthentication(context);
-      const fresh = context.getDispatcher();
-      if (dispatcher === undefined) dispatcher = fresh;
-      else if (fresh !== dispatcher) void (fresh as { close?: () => Promise<void> } | undefined)?.close?.();
+      if (headers === undefined || now() - fetchedAt > AUTH_REFRESH_MS) {
+        const fresh = new k8s.RequestContext(context.getUrl(), context.getHttpMethod());
+        await kc.applySecurityAuthentication(fresh);
+        headers = { ...fresh.getHeaders() };
+        fetchedAt = now();
+        const agent = fresh.getDispatcher();
+        if (dispatcher === undefined) dispatcher = agent;
+        else if (agent !== dispatcher) void (agent as { close?: () => Promise<void> } | undefined)?.close?.();
+      }
+      for (const [name, value] of Object.entries(headers)) context.setHeaderParam(name, value);
       if (dispatcher !== undefined) context.setDispatcher(dispatcher);
     },
   };
 }
+
+/**
+ * How long authentication headers are reused. Well inside any token's refresh margin: kubelets
+ * rotate projected service-account tokens at 80% of a lifetime of an hour or more.
+ */
+export const AUTH_REFRESH_MS = 10_000;
 
 /** HTTP status of a Kubernetes API error, or undefined for transport failures. */
 export function apiStatusCode(err: unknown): number | undefined {
