@@ -13,13 +13,14 @@
 // Results go to bench/results/bridge.md and .json.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
 import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient } from '../client/index.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
+import { writeResults } from './results-file.js';
 import { makeApiClient } from '../common/kube.js';
 import { ANNOTATIONS, BOX_SELECTOR, LABELS, MANAGED_BY, envSecretName, sessionHash } from '../common/labels.js';
 
@@ -312,9 +313,7 @@ async function main() {
 
   const table = ['| measure | value | target |', '|---|---|---|', ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
   const md = `# Bridge bench\n\n${results.date} — ${results.cores} cores, Node ${results.node}; \`npm run bench\`\n\n${table}\n`;
-  mkdirSync(join(ROOT, 'bench/results'), { recursive: true });
-  writeFileSync(join(ROOT, 'bench/results/bridge.md'), md);
-  writeFileSync(join(ROOT, 'bench/results/bridge.json'), `${JSON.stringify(results, null, 2)}\n`);
+  writeResults(ROOT, 'bridge', md, results);
   process.stdout.write(`${md}\n`);
 }
 

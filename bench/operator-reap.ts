@@ -11,10 +11,11 @@
 // Afterwards it deletes its pool, namespace and lease, and removes the nodes it added.
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { NODE_FLAGS } from '../common/node-flags.js';
+import { writeResults } from './results-file.js';
 
 const ROOT = process.cwd();
 const BOXES = Number(process.env.BENCH_BOXES ?? 10_000);
@@ -211,22 +212,18 @@ async function main(): Promise<void> {
   const host = `${process.env.BENCH_HOST ?? ''}${(await import('node:os')).cpus().length} cores, Node ${process.versions.node}`;
   const md = `# Operator reap bench\n\n${new Date().toISOString()} — ${host}\n\n${table}\n`;
   process.stdout.write(`\n${table}\n`);
-  mkdirSync(join(ROOT, 'bench/results'), { recursive: true });
-  writeFileSync(join(ROOT, 'bench/results/operator-reap.md'), md);
-  writeFileSync(
-    join(ROOT, 'bench/results/operator-reap.json'),
-    JSON.stringify({
-      date: new Date().toISOString(),
-      nodes: nodes.length,
-      boxes: BOXES,
-      createSeconds,
-      issuedSeconds: issuedAt && (issuedAt - start) / 1000,
-      goneSeconds: goneAt && (goneAt - start) / 1000,
-      peakRssMiB: Math.round(peakRss),
-      cpuSeconds: { operator: operatorCpu, ...Object.fromEntries(Object.keys(cpuAfter).map((k) => [k, cpuAfter[k]! - cpuBefore[k]!])) },
-      totalBoxesCreated: pool.status?.totalBoxesCreated,
-    }, null, 2) + '\n',
-  );
+  writeResults(ROOT, 'operator-reap', md, {
+    date: new Date().toISOString(),
+    nodes: nodes.length,
+    boxes: BOXES,
+    createSeconds,
+    issuedSeconds: issuedAt && (issuedAt - start) / 1000,
+    goneSeconds: goneAt && (goneAt - start) / 1000,
+    peakRssMiB: Math.round(peakRss),
+    cpuSeconds: { operator: operatorCpu, ...Object.fromEntries(Object.keys(cpuAfter).map((k) => [k, cpuAfter[k]! - cpuBefore[k]!])) },
+    totalBoxesCreated: pool.status?.totalBoxesCreated,
+  });
+
 
   log('cleaning up');
   await custom.deleteClusterCustomObject({ group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools', name: poolName }).catch(() => undefined);
