@@ -21,6 +21,7 @@ import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient } from '../client/index.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
+import { createBenchPool } from './setup.js';
 import { makeApiClient } from '../common/kube.js';
 import { ANNOTATIONS, BOX_SELECTOR, LABELS, MANAGED_BY, envSecretName, sessionHash } from '../common/labels.js';
 
@@ -190,15 +191,11 @@ async function main() {
 
   const realNodes = await core.listNode({ labelSelector: `${REAL_NODE_LABEL}=true` });
   const onRealNode = realNodes.items.length > 0;
-  await core.createNamespace({ body: { metadata: { name: ns, labels: { 'pod-security.kubernetes.io/enforce': 'restricted' } } } });
-  await custom.createClusterCustomObject({
-    group: 'sandbox-bridge.io',
-    version: 'v1alpha1',
-    plural: 'sandboxpools',
-    body: {
-      apiVersion: 'sandbox-bridge.io/v1alpha1',
-      kind: 'SandboxPool',
-      metadata: { name: pool, labels: { 'sandbox-bridge.io/bench': 'true' } },
+  await createBenchPool(
+    { root: ROOT, kubeconfig: KUBECONFIG, core, custom },
+    {
+      name: pool,
+      labels: { 'sandbox-bridge.io/bench': 'true' },
       spec: {
         namespace: ns,
         maxBoxes: BOXES + 100,
@@ -207,7 +204,7 @@ async function main() {
           : { nodeSelector: { type: 'kwok' } },
       },
     },
-  });
+  );
 
   const { child, url } = await startBridgeProcess();
   let second: ChildProcess | undefined;

@@ -16,6 +16,7 @@ import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
+import { createBenchPool } from './setup.js';
 
 const ROOT = process.cwd();
 const BOXES = Number(process.env.BENCH_BOXES ?? 10_000);
@@ -97,20 +98,10 @@ async function main(): Promise<void> {
   const nodes = kwokNodes().map((n) => n.replace('node/', '')).slice(0, NODES);
   log(`${nodes.length} simulated nodes`);
 
-  kubectl('apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(ROOT, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
-  kubectl('wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
-  await core.createNamespace({ body: { metadata: { name: ns, labels: { 'pod-security.kubernetes.io/enforce': 'restricted' } } } });
-  await custom.createClusterCustomObject({
-    group: 'sandbox-bridge.io',
-    version: 'v1alpha1',
-    plural: 'sandboxpools',
-    body: {
-      apiVersion: 'sandbox-bridge.io/v1alpha1',
-      kind: 'SandboxPool',
-      metadata: { name: poolName, labels: { 'sandbox-bridge.io/bench': id } },
-      spec: { namespace: ns, maxBoxes: BOXES * 2, defaultTtlSeconds: 3600 },
-    },
-  });
+  await createBenchPool(
+    { root: ROOT, kubeconfig: KUBECONFIG, core, custom },
+    { name: poolName, labels: { 'sandbox-bridge.io/bench': id }, spec: { namespace: ns, maxBoxes: BOXES * 2, defaultTtlSeconds: 3600 } },
+  );
 
   const expired = new Date(Date.now() - 60_000).toISOString();
   const createStart = Date.now();

@@ -1,0 +1,26 @@
+// What both benches set up on the local cluster: the SandboxPool CRD (a fresh cluster has none)
+// and one pool over its own restricted namespace.
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
+import type * as k8s from '@kubernetes/client-node';
+import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
+
+export async function createBenchPool(
+  opts: { root: string; kubeconfig: string; core: k8s.CoreV1Api; custom: k8s.CustomObjectsApi },
+  // the spec as sent: the API server fills in the CRD's defaults
+  pool: { name: string; labels: Record<string, string>; spec: { namespace: string } & Record<string, unknown> },
+): Promise<void> {
+  const kubectl = (...args: string[]) => {
+    const r = spawnSync(join(opts.root, '.cluster/bin/kubectl'), ['--kubeconfig', opts.kubeconfig, ...args], { encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`kubectl ${args.join(' ')}: ${r.stderr}`);
+  };
+  kubectl('apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(opts.root, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
+  kubectl('wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
+  await opts.core.createNamespace({ body: { metadata: { name: pool.spec.namespace, labels: { 'pod-security.kubernetes.io/enforce': 'restricted' } } } });
+  await opts.custom.createClusterCustomObject({
+    group: POOL_GROUP,
+    version: POOL_VERSION,
+    plural: POOL_PLURAL,
+    body: { apiVersion: POOL_API_VERSION, kind: POOL_KIND, metadata: { name: pool.name, labels: pool.labels }, spec: pool.spec },
+  });
+}
