@@ -89,9 +89,8 @@ async function directExec(pod: string, command: string): Promise<string> {
   });
 }
 
-async function startBridgeProcess(onSpawn?: (child: ChildProcess) => void): Promise<{ child: ChildProcess; url: string; metricsUrl: string }> {
+async function startBridgeProcess(onSpawn?: (child: ChildProcess) => void): Promise<{ child: ChildProcess; url: string }> {
   const port = await freePort();
-  const metricsPort = await freePort();
   const child = spawn(process.execPath, [...NODE_FLAGS, join(ROOT, 'dist/bridge/main.js')], {
     env: {
       PATH: process.env.PATH,
@@ -100,7 +99,7 @@ async function startBridgeProcess(onSpawn?: (child: ChildProcess) => void): Prom
       POOL_NAME: pool,
       SANDBOX_NAMESPACE: ns,
       PORT: String(port),
-      METRICS_PORT: String(metricsPort),
+      METRICS_PORT: String(await freePort()),
       HOST: '127.0.0.1',
       LOG_LEVEL: 'warn',
       RATE_LIMIT_RPS: '100000',
@@ -112,7 +111,7 @@ async function startBridgeProcess(onSpawn?: (child: ChildProcess) => void): Prom
   const url = `http://127.0.0.1:${port}`;
   for (let i = 0; i < 600; i++) {
     const ok = await fetch(`${url}/api/v1/health`, { headers: { authorization: `Bearer ${token}` } }).then((r) => r.ok, () => false);
-    if (ok) return { child, url, metricsUrl: `http://127.0.0.1:${metricsPort}/metrics` };
+    if (ok) return { child, url };
     await new Promise((r) => setTimeout(r, 100));
   }
   throw new Error('bridge did not start');

@@ -16,7 +16,7 @@ import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
-import { createBenchPool } from './setup.js';
+import { createBenchPool, kubectl as runKubectl } from './setup.js';
 
 const ROOT = process.cwd();
 const BOXES = Number(process.env.BENCH_BOXES ?? 10_000);
@@ -24,7 +24,6 @@ const NODES = Number(process.env.BENCH_NODES ?? 1000);
 const CREATE_CONCURRENCY = Number(process.env.BENCH_CREATE_CONCURRENCY ?? 64);
 const KEEP_NODES = process.env.BENCH_KEEP_NODES === '1';
 const KUBECONFIG = process.env.KUBECONFIG ?? join(ROOT, '.cluster/kubeconfig');
-const KUBECTL = join(ROOT, '.cluster/bin/kubectl');
 const id = randomBytes(3).toString('hex');
 const poolName = `bench-reap-${id}`;
 const ns = `bench-reap-${id}`;
@@ -39,11 +38,7 @@ function log(msg: string): void {
   process.stderr.write(`[bench] ${msg}\n`);
 }
 
-function kubectl(...args: string[]): string {
-  const r = spawnSync(KUBECTL, ['--kubeconfig', KUBECONFIG, ...args], { encoding: 'utf8' });
-  if (r.status !== 0) throw new Error(`kubectl ${args.join(' ')}: ${r.stderr}`);
-  return r.stdout;
-}
+const kubectl = (...args: string[]) => runKubectl(ROOT, KUBECONFIG, ...args);
 
 async function mapLimit<T>(items: T[], limit: number, fn: (item: T) => Promise<void>): Promise<void> {
   let next = 0;

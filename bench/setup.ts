@@ -5,17 +5,21 @@ import { join } from 'node:path';
 import type * as k8s from '@kubernetes/client-node';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 
+/** kubectl from the local cluster's binaries; throws with its stderr on failure. */
+export function kubectl(root: string, kubeconfig: string, ...args: string[]): string {
+  const r = spawnSync(join(root, '.cluster/bin/kubectl'), ['--kubeconfig', kubeconfig, ...args], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`kubectl ${args.join(' ')}: ${r.stderr}`);
+  return r.stdout;
+}
+
 export async function createBenchPool(
   opts: { root: string; kubeconfig: string; core: k8s.CoreV1Api; custom: k8s.CustomObjectsApi },
   // the spec as sent: the API server fills in the CRD's defaults
   pool: { name: string; labels: Record<string, string>; spec: { namespace: string } & Record<string, unknown> },
 ): Promise<void> {
-  const kubectl = (...args: string[]) => {
-    const r = spawnSync(join(opts.root, '.cluster/bin/kubectl'), ['--kubeconfig', opts.kubeconfig, ...args], { encoding: 'utf8' });
-    if (r.status !== 0) throw new Error(`kubectl ${args.join(' ')}: ${r.stderr}`);
-  };
-  kubectl('apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(opts.root, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
-  kubectl('wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
+  const run = (...args: string[]) => kubectl(opts.root, opts.kubeconfig, ...args);
+  run('apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(opts.root, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
+  run('wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
   await opts.core.createNamespace({ body: { metadata: { name: pool.spec.namespace, labels: { 'pod-security.kubernetes.io/enforce': 'restricted' } } } });
   await opts.custom.createClusterCustomObject({
     group: POOL_GROUP,
