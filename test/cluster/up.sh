@@ -70,6 +70,12 @@ else
     --wait 60s >&2
 fi
 
+# kwokctl does not notice a metrics-server that exits at start (a bad flag, say).
+kubectl wait --for=condition=Available apiservice/v1beta1.metrics.k8s.io --timeout=60s >/dev/null || {
+  log "metrics-server is not serving; see $CLUSTER_DIR/kwok/clusters/$CLUSTER_NAME/logs/metrics-server.log"
+  exit 1
+}
+
 log "scaling simulated nodes to $nodes"
 kwokctl scale node --name "$CLUSTER_NAME" --config "$CLUSTER_DIR/kwok.yaml" --replicas "$nodes" >&2
 kubectl wait --for=condition=Ready node -l type=kwok --timeout=120s >/dev/null

@@ -180,7 +180,7 @@ test('an unreachable or silent API server is a prompt 503, and reads keep coming
   } finally {
     await proxy.stop();
   }
-});
+}, 90_000); // recovery may take up to 60 s
 
 describe('the bridge process', () => {
   const entry = 'dist/bridge/main.js';
