@@ -21,7 +21,7 @@ import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient } from '../client/index.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
-import { createBenchPool } from './setup.js';
+import { createBenchPool, ensureCluster } from './setup.js';
 import { makeApiClient } from '../common/kube.js';
 import { ANNOTATIONS, BOX_SELECTOR, LABELS, MANAGED_BY, envSecretName, sessionHash } from '../common/labels.js';
 
@@ -38,6 +38,7 @@ const ns = `bench-bridge-${id}`;
 const pool = `bench-bridge-${id}`;
 const token = randomBytes(24).toString('hex');
 
+ensureCluster(ROOT, KUBECONFIG, []);
 const kc = new k8s.KubeConfig();
 kc.loadFromFile(KUBECONFIG);
 const core = kc.makeApiClient(k8s.CoreV1Api);

@@ -16,7 +16,7 @@ import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
-import { createBenchPool, kubectl as runKubectl } from './setup.js';
+import { createBenchPool, ensureCluster, kubectl as runKubectl } from './setup.js';
 
 const ROOT = process.cwd();
 const BOXES = Number(process.env.BENCH_BOXES ?? 10_000);
@@ -29,6 +29,7 @@ const poolName = `bench-reap-${id}`;
 const ns = `bench-reap-${id}`;
 const leaseName = `bench-reap-${id}`;
 
+ensureCluster(ROOT, KUBECONFIG, ['--nodes', String(NODES), '--no-real-node']);
 const kc = new k8s.KubeConfig();
 kc.loadFromFile(KUBECONFIG);
 const core = kc.makeApiClient(k8s.CoreV1Api);

@@ -12,6 +12,17 @@ export function kubectl(root: string, kubeconfig: string, ...args: string[]): st
   return r.stdout;
 }
 
+/**
+ * Starts the local cluster with `up.sh args` unless it is already up, as the tests' global setup
+ * does, so a bench runs on a fresh checkout too.
+ */
+export function ensureCluster(root: string, kubeconfig: string, args: string[]): void {
+  const ready = spawnSync(join(root, '.cluster/bin/kubectl'), ['--kubeconfig', kubeconfig, 'get', '--raw', '/readyz'], { stdio: 'ignore' });
+  if (ready.status === 0) return;
+  const up = spawnSync('bash', [join(root, 'test/cluster/up.sh'), ...args], { stdio: ['ignore', 'ignore', 'inherit'] });
+  if (up.status !== 0) throw new Error(`test/cluster/up.sh ${args.join(' ')} failed`);
+}
+
 export async function createBenchPool(
   opts: { root: string; kubeconfig: string; core: k8s.CoreV1Api; custom: k8s.CustomObjectsApi },
   // the spec as sent: the API server fills in the CRD's defaults
