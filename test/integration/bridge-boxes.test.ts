@@ -289,4 +289,4 @@ test('pod metrics come from metrics.k8s.io; without that API the answer is a cle
     await registration.createAPIService({ body: { metadata: { name: live.metadata!.name!, labels: live.metadata?.labels ?? {} }, spec: live.spec } });
   }
   await call('DELETE', `/boxes/${id}`);
-}, 150_000); // metrics-server needs two scrapes (10 s apart) of a new pod; waits up to 90 s for them
+}, 150_000); // a new pod shows in metrics.k8s.io after a few metrics-server scrapes (~30-40 s); waits up to 90 s
