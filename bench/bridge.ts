@@ -21,7 +21,7 @@ import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient } from '../client/index.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
-import { createBenchPool, ensureCluster } from './setup.js';
+import { clusterUp, createBenchPool, ensureCluster } from './setup.js';
 import { makeApiClient } from '../common/kube.js';
 import { ANNOTATIONS, BOX_SELECTOR, LABELS, MANAGED_BY, envSecretName, sessionHash } from '../common/labels.js';
 
@@ -263,8 +263,7 @@ async function main() {
     // 2. list and status with many boxes on many nodes
     if (SKIP_READS) return;
     log(`scaling to ${NODES} simulated nodes`);
-    const scale = spawnSync('bash', [join(ROOT, 'test/cluster/up.sh'), '--nodes', String(NODES)], { stdio: ['ignore', 'ignore', 'inherit'] });
-    if (scale.status !== 0) throw new Error('scaling the cluster failed');
+    clusterUp(ROOT, ['--nodes', String(NODES)]);
     const nodes = (await core.listNode({ labelSelector: 'type=kwok' })).items.map((n) => n.metadata!.name!);
     log(`creating ${BOXES} box pods on ${nodes.length} nodes`);
     const createStart = Date.now();

@@ -16,7 +16,7 @@ import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
-import { createBenchPool, ensureCluster, kubectl as runKubectl } from './setup.js';
+import { clusterUp, createBenchPool, ensureCluster, kubectl as runKubectl } from './setup.js';
 
 const ROOT = process.cwd();
 const BOXES = Number(process.env.BENCH_BOXES ?? 10_000);
@@ -88,8 +88,7 @@ async function main(): Promise<void> {
   const before = kwokNodes();
   if (before.length < NODES) {
     log(`scaling the cluster from ${before.length} to ${NODES} simulated nodes`);
-    const up = spawnSync('bash', [join(ROOT, 'test/cluster/up.sh'), '--nodes', String(NODES), '--no-real-node'], { stdio: ['ignore', 'inherit', 'inherit'] });
-    if (up.status !== 0) throw new Error('test/cluster/up.sh failed');
+    clusterUp(ROOT, ['--nodes', String(NODES), '--no-real-node']);
   }
   const nodes = kwokNodes().map((n) => n.replace('node/', '')).slice(0, NODES);
   log(`${nodes.length} simulated nodes`);

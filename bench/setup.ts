@@ -12,15 +12,19 @@ export function kubectl(root: string, kubeconfig: string, ...args: string[]): st
   return r.stdout;
 }
 
+/** Runs test/cluster/up.sh: starts the local cluster, or scales a running one (`--nodes N`). */
+export function clusterUp(root: string, args: string[]): void {
+  const up = spawnSync('bash', [join(root, 'test/cluster/up.sh'), ...args], { stdio: ['ignore', 'ignore', 'inherit'] });
+  if (up.status !== 0) throw new Error(`test/cluster/up.sh ${args.join(' ')} failed`);
+}
+
 /**
  * Starts the local cluster with `up.sh args` unless it is already up, as the tests' global setup
  * does, so a bench runs on a fresh checkout too.
  */
 export function ensureCluster(root: string, kubeconfig: string, args: string[]): void {
   const ready = spawnSync(join(root, '.cluster/bin/kubectl'), ['--kubeconfig', kubeconfig, 'get', '--raw', '/readyz'], { stdio: 'ignore' });
-  if (ready.status === 0) return;
-  const up = spawnSync('bash', [join(root, 'test/cluster/up.sh'), ...args], { stdio: ['ignore', 'ignore', 'inherit'] });
-  if (up.status !== 0) throw new Error(`test/cluster/up.sh ${args.join(' ')} failed`);
+  if (ready.status !== 0) clusterUp(root, args);
 }
 
 export async function createBenchPool(
