@@ -23,7 +23,7 @@ import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
 import { clusterUp, createBenchPool, ensureCluster } from './setup.js';
 import { makeApiClient } from '../common/kube.js';
-import { ANNOTATIONS, BOX_SELECTOR, LABELS, MANAGED_BY, envSecretName, sessionHash } from '../common/labels.js';
+import { ANNOTATIONS, BOX_SELECTOR, LABELS, MANAGED_BY, sessionHash } from '../common/labels.js';
 
 const ROOT = process.cwd();
 const EXEC_ROUNDS = Number(process.env.BENCH_EXEC_ROUNDS ?? 200);
@@ -223,14 +223,8 @@ async function main() {
     const viaBridge: number[] = [];
     const direct: number[] = [];
     const hop: number[] = [];
-    const envRead: number[] = [];
-    const pooledCore = makeApiClient(kc, k8s.CoreV1Api, 10_000);
     for (let i = 0; i < EXEC_ROUNDS; i++) {
       let t = performance.now();
-      // the env Secret read the bridge makes before each exec (a quorum GET; this box has none)
-      await pooledCore.readNamespacedSecret({ name: envSecretName(box.box_id), namespace: ns }).catch(() => undefined);
-      envRead.push(performance.now() - t);
-      t = performance.now();
       await client.status(box.box_id); // an HTTP round trip to the bridge answered from its cache
       hop.push(performance.now() - t);
       t = performance.now();
@@ -248,15 +242,12 @@ async function main() {
       bridge: { p50: percentile(viaBridge, 50), p99: percentile(viaBridge, 99) },
       direct: { p50: percentile(direct, 50), p99: percentile(direct, 99) },
       httpHop: { p50: percentile(hop, 50), p99: percentile(hop, 99) },
-      envRead: { p50: percentile(envRead, 50), p99: percentile(envRead, 99) },
     };
     results.exec = exec;
     rows.push(['exec round trip, direct client-node p50 / p99', `${ms(exec.direct.p50)} / ${ms(exec.direct.p99)}`, '']);
     rows.push(['exec round trip, through the bridge p50 / p99', `${ms(exec.bridge.p50)} / ${ms(exec.bridge.p99)}`, '']);
     rows.push(['HTTP round trip to the bridge alone (GET status, from cache) p50 / p99', `${ms(exec.httpHop.p50)} / ${ms(exec.httpHop.p99)}`, '']);
-    rows.push(['env Secret read (quorum GET) the bridge makes per exec, p50 / p99', `${ms(exec.envRead.p50)} / ${ms(exec.envRead.p99)}`, '']);
     rows.push(['added by the bridge, p50 / p99', `${ms(exec.bridge.p50 - exec.direct.p50)} / ${ms(exec.bridge.p99 - exec.direct.p99)}`, '<= 1 ms p50']);
-    rows.push(['added beyond the HTTP round trip and the env read, p50', ms(exec.bridge.p50 - exec.direct.p50 - exec.httpHop.p50 - exec.envRead.p50), '']);
     log(`exec: bridge p50 ${ms(exec.bridge.p50)}, direct p50 ${ms(exec.direct.p50)}, HTTP hop p50 ${ms(exec.httpHop.p50)} (${exec.node})`);
     await client.deleteBox(box.box_id);
 

@@ -13,10 +13,14 @@ import type { BridgeMetrics } from './metrics.js';
 import { openApiDocument } from './openapi.js';
 import { boxRoutes } from './routes/boxes.js';
 import { clusterRoutes } from './routes/cluster.js';
-import type { BoxCommands } from './services/box-commands.js';
+import { execRoutes } from './routes/exec.js';
+import { fileRoutes } from './routes/files.js';
 import type { BoxService } from './services/boxes.js';
 import type { ClusterService } from './services/cluster.js';
-import type { EnvStore } from './services/env-store.js';
+import type { EnvService } from './services/env.js';
+import type { ExecService } from './services/exec.js';
+import type { FileService } from './services/files.js';
+import type { ProcessService } from './services/processes.js';
 
 export interface AppDeps {
   log: Logger;
@@ -24,11 +28,12 @@ export interface AppDeps {
   buckets: TokenBuckets;
   metrics: BridgeMetrics;
   boxes: BoxService;
-  commands: BoxCommands;
-  env: EnvStore;
+  env: EnvService;
+  exec: ExecService;
+  processes: ProcessService;
+  files: FileService;
   cluster: ClusterService;
   version: string;
-  fileSizeLimit: number;
   trustProxy: boolean | number | string;
 }
 
@@ -74,7 +79,7 @@ export function createApp(deps: AppDeps): Express {
   api.get('/openapi.json', (_req, res) => {
     res.json(document);
   });
-  api.use('/boxes', boxRoutes(deps));
+  api.use('/boxes', boxRoutes(deps), execRoutes(deps), fileRoutes(deps));
   api.use(clusterRoutes(deps.cluster));
   api.use(notFoundRoute);
 

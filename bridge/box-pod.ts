@@ -1,18 +1,22 @@
 // Box pods: the pod spec a box gets (pure; every security default lives here) and how a pod
 // is reported back through the API.
-import type { V1Pod } from '@kubernetes/client-node';
-import { ANNOTATIONS, LABELS, MANAGED_BY, sessionHash } from '../common/labels.js';
+import type { V1Pod, V1SecurityContext } from '@kubernetes/client-node';
+import { BOXD_BINARY, BOXD_BIN_DIR, BOXD_PORT, BOXD_PROTOCOL_VERSION, BOXD_SECRET_DIR, BOXD_VERSION_ANNOTATION, BOX_SECRET_KEYS } from '../common/boxd.js';
+import { ANNOTATIONS, LABELS, MANAGED_BY, boxSecretName, sessionHash } from '../common/labels.js';
 import type { BoxPolicy } from '../common/pool.js';
 import { formatCpu, formatMemory } from '../common/quantity.js';
 
 export const BOX_CONTAINER = 'box';
+export const BOXD_INSTALL_CONTAINER = 'boxd-install';
 export const WORKSPACE = '/workspace';
 
-/**
- * PID 1 of a box: sleeps forever, and exits at once on SIGTERM so deleting a box does not
- * wait out the grace period. Needs only a POSIX shell and sleep in the image.
- */
-export const BOX_MAIN = ['sh', '-c', 'trap "exit 0" TERM INT; while :; do sleep 3600 & wait $!; done'];
+/** Every container of a box: the restricted Pod Security profile, read-only root. */
+const LOCKED_DOWN: V1SecurityContext = {
+  allowPrivilegeEscalation: false,
+  readOnlyRootFilesystem: true,
+  runAsNonRoot: true,
+  capabilities: { drop: ['ALL'] },
+};
 
 export interface BoxPodParams {
   name: string;
@@ -26,13 +30,24 @@ export interface BoxPodParams {
   ttlSeconds: number;
   now: Date;
   box: BoxPolicy;
+  /** The image whose /boxd the init container installs (a static binary, see boxd/). */
+  boxdImage: string;
   runtimeClassName?: string;
   serviceAccountName?: string;
+  /** Digest of the create request's Idempotency-Key (a label, so a retry finds the box). */
+  idempotencyKey?: string;
 }
 
+/**
+ * A box: boxd (installed by an init container into an emptyDir) runs as PID 1 of the box
+ * container in the user's image, as the box user. The box's Secret reaches it as two files
+ * (credential and env); nothing secret is in the pod spec.
+ */
 export function buildBoxPod(p: BoxPodParams): V1Pod {
   const cpu = formatCpu(p.cpuCores);
   const memory = formatMemory(p.memoryBytes);
+  // The init container gets the box's own resources, so it changes neither scheduling nor quota.
+  const resources = { requests: { cpu, memory }, limits: { cpu, memory } };
   const expiresAt = new Date(p.now.getTime() + p.ttlSeconds * 1000);
   return {
     apiVersion: 'v1',
@@ -47,11 +62,13 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
         [LABELS.slot]: String(p.slot),
         [LABELS.managedBy]: MANAGED_BY,
         [LABELS.component]: 'box',
+        ...(p.idempotencyKey ? { [LABELS.idempotencyKey]: p.idempotencyKey } : {}),
       },
       annotations: {
         [ANNOTATIONS.sessionId]: p.sessionId,
         [ANNOTATIONS.expiresAt]: expiresAt.toISOString().replace(/\.\d{3}Z$/, 'Z'),
         [ANNOTATIONS.ttlSeconds]: String(p.ttlSeconds),
+        [BOXD_VERSION_ANNOTATION]: BOXD_PROTOCOL_VERSION,
       },
     },
     spec: {
@@ -70,30 +87,52 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
         fsGroup: 65534,
         seccompProfile: { type: 'RuntimeDefault' },
       },
+      initContainers: [
+        {
+          name: BOXD_INSTALL_CONTAINER,
+          image: p.boxdImage,
+          imagePullPolicy: 'IfNotPresent',
+          args: ['install', BOXD_BINARY],
+          resources,
+          securityContext: LOCKED_DOWN,
+          volumeMounts: [{ name: 'boxd', mountPath: BOXD_BIN_DIR }],
+        },
+      ],
       containers: [
         {
           name: BOX_CONTAINER,
           image: p.image,
           imagePullPolicy: 'IfNotPresent',
-          command: BOX_MAIN,
+          command: [BOXD_BINARY, 'serve'],
           workingDir: WORKSPACE,
           env: [{ name: 'HOME', value: WORKSPACE }],
-          resources: { requests: { cpu, memory }, limits: { cpu, memory } },
-          securityContext: {
-            allowPrivilegeEscalation: false,
-            readOnlyRootFilesystem: true,
-            runAsNonRoot: true,
-            capabilities: { drop: ['ALL'] },
-          },
+          ports: [{ name: 'boxd', containerPort: BOXD_PORT, protocol: 'TCP' }],
+          resources,
+          securityContext: LOCKED_DOWN,
           volumeMounts: [
             { name: 'workspace', mountPath: WORKSPACE },
             { name: 'tmp', mountPath: '/tmp' },
+            { name: 'boxd', mountPath: BOXD_BIN_DIR, readOnly: true },
+            { name: 'box-secret', mountPath: BOXD_SECRET_DIR, readOnly: true },
           ],
         },
       ],
       volumes: [
         { name: 'workspace', emptyDir: { sizeLimit: p.box.workspaceSizeLimit } },
         { name: 'tmp', emptyDir: { sizeLimit: p.box.tmpSizeLimit } },
+        { name: 'boxd', emptyDir: { sizeLimit: '64Mi' } },
+        {
+          name: 'box-secret',
+          secret: {
+            secretName: boxSecretName(p.name),
+            // Group-readable: the kubelet gives the files the pod's fsGroup (the box user's group).
+            defaultMode: 0o440,
+            items: [
+              { key: BOX_SECRET_KEYS.token, path: BOX_SECRET_KEYS.token },
+              { key: BOX_SECRET_KEYS.env, path: BOX_SECRET_KEYS.env },
+            ],
+          },
+        },
       ],
     },
   };

@@ -29,8 +29,21 @@ export const ConfigSchema = z
       .default('box'),
     /** How long exec/files/env wait for a new box to start before giving up. */
     BOX_START_TIMEOUT_MS: int(120_000, 1),
+    /** The key box credentials are derived from (shared by every replica and the operator), or a file holding it. */
+    BOXD_KEY: z.string().min(32, 'must be at least 32 characters').optional(),
+    BOXD_KEY_FILE: z.string().optional(),
+    /** Image whose /boxd the box's init container installs (the Dockerfile's `boxd` target). */
+    BOXD_IMAGE: z.string().min(1, 'must name the boxd image'),
+    /** A new connection to a box's agent taking longer than this counts as unreachable. */
+    BOXD_CONNECT_TIMEOUT_MS: int(2000, 100),
     EXEC_OUTPUT_LIMIT_BYTES: int(10 * MiB, 1),
     FILE_SIZE_LIMIT_BYTES: int(50 * MiB, 1),
+    ARCHIVE_SIZE_LIMIT_BYTES: int(50 * MiB, 1),
+    ARCHIVE_MAX_ENTRIES: int(100_000, 1),
+    /** Live background processes and terminals per box. */
+    MAX_PROCESSES_PER_BOX: int(32, 1),
+    /** Bytes this replica may hold for JSON file reads at once (beyond: 429, retry). */
+    TRANSFER_BUDGET_BYTES: int(192 * MiB, 1),
     RATE_LIMIT_RPS: int(100, 1),
     RATE_LIMIT_BURST: int(200, 1),
     /** Express "trust proxy": set it (e.g. 1) behind an ingress so limits apply per real client. */
@@ -51,6 +64,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const problems = parsed.success ? [] : configProblems(parsed.error);
   // Checked here rather than in the schema so it is reported together with every other problem.
   if (!env.BRIDGE_TOKEN && !env.BRIDGE_TOKEN_FILE) problems.push('BRIDGE_TOKEN: set BRIDGE_TOKEN or BRIDGE_TOKEN_FILE');
+  if (!env.BOXD_KEY && !env.BOXD_KEY_FILE) problems.push('BOXD_KEY: set BOXD_KEY or BOXD_KEY_FILE');
   if (!parsed.success || problems.length > 0) throw new ConfigError('bridge', problems);
   const config = parsed.data;
   if (config.BRIDGE_TOKEN_FILE) {
@@ -61,7 +75,22 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       throw new ConfigError('bridge', [`BRIDGE_TOKEN_FILE: cannot read ${config.BRIDGE_TOKEN_FILE} (${(err as Error).message})`]);
     }
   }
+  boxdKey(config);
   return config;
+}
+
+/** The boxd key as bytes, from BOXD_KEY or BOXD_KEY_FILE (read once: rotating it strands running boxes). */
+export function boxdKey(config: Pick<Config, 'BOXD_KEY' | 'BOXD_KEY_FILE'>): Buffer {
+  let key = config.BOXD_KEY;
+  if (key === undefined && config.BOXD_KEY_FILE) {
+    try {
+      key = readFileSync(config.BOXD_KEY_FILE, 'utf8').trim();
+    } catch (err) {
+      throw new ConfigError('bridge', [`BOXD_KEY_FILE: cannot read ${config.BOXD_KEY_FILE} (${(err as Error).message})`]);
+    }
+  }
+  if (!key || key.length < 32) throw new ConfigError('bridge', ['BOXD_KEY: must be at least 32 characters']);
+  return Buffer.from(key, 'utf8');
 }
 
 /** Express's trust proxy setting from TRUST_PROXY ("false", "true", a hop count or a list). */

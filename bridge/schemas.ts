@@ -1,7 +1,7 @@
 // The API contract as zod schemas: requests are validated with them, and the OpenAPI
 // document (openapi.ts) is generated from them, so the two cannot drift apart.
 import { z } from 'zod';
-import { RESERVED_ENV_PREFIX } from './services/box-scripts.js';
+import { ERROR_STATUS, type ErrorType } from '../common/errors.js';
 
 export const MAX_EXEC_TIMEOUT_MS = 600_000;
 export const DEFAULT_EXEC_TIMEOUT_MS = 120_000;
@@ -9,13 +9,12 @@ export const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 const EnvVars = z
   .record(
-    z
-      .string()
-      .regex(ENV_NAME, 'environment variable names must match ^[A-Za-z_][A-Za-z0-9_]*$')
-      .refine((name) => !name.startsWith(RESERVED_ENV_PREFIX), `environment variable names starting with ${RESERVED_ENV_PREFIX} are reserved`),
+    z.string().regex(ENV_NAME, 'environment variable names must match ^[A-Za-z_][A-Za-z0-9_]*$'),
     z.string().refine((value) => !value.includes('\0'), 'environment variable values must not contain NUL bytes'),
   )
   .describe('Environment variables (name to value). Values are stored in a Secret and never returned.');
+
+const Workdir = z.string().min(1).max(4096).default('/workspace').describe('Relative paths resolve under /workspace');
 
 // ---- requests ----
 
@@ -41,17 +40,67 @@ export const ExecRequest = z
       .positive()
       .max(MAX_EXEC_TIMEOUT_MS, `timeoutMs must be at most ${MAX_EXEC_TIMEOUT_MS} (10 minutes)`)
       .default(DEFAULT_EXEC_TIMEOUT_MS),
-    workdir: z.string().min(1).max(4096).default('/workspace').describe('Relative paths resolve under /workspace'),
+    workdir: Workdir,
+    env: EnvVars.optional().describe('Variables for this command only, over the box environment; never stored'),
+    stdin: z.string().max(512 * 1024).optional().describe('Text written to the command\'s standard input (UTF-8), which is then closed'),
   })
   .strict();
 export type ExecRequest = z.infer<typeof ExecRequest>;
 
-export const SetEnvRequest = z.object({ envVars: EnvVars }).strict();
+export const StartProcessRequest = z
+  .object({
+    command: z.string().min(1).max(128 * 1024).describe('Run by sh -c inside the box, in the background'),
+    workdir: Workdir,
+    env: EnvVars.optional().describe('Variables for this process only, over the box environment; never stored'),
+    tag: z.string().min(1).max(256).optional().describe('A label of the caller\'s choosing, returned in listings'),
+  })
+  .strict();
+export type StartProcessRequest = z.infer<typeof StartProcessRequest>;
+
+export const SIGNALS = ['TERM', 'KILL', 'INT', 'HUP', 'QUIT', 'USR1', 'USR2', 'STOP', 'CONT'] as const;
+export const SignalRequest = z.object({ signal: z.enum(SIGNALS).describe('Sent to the process group') }).strict();
 
 const booleanQuery = z
   .enum(['true', 'false', '1', '0'])
   .optional()
   .transform((v) => v === 'true' || v === '1');
+
+export const ProcessOutputQuery = z.object({
+  since: z.coerce.number().int().min(0).default(0).describe('Byte offset to replay from (an offset from an earlier event)'),
+  follow: booleanQuery.describe('Keep streaming until the process exits'),
+});
+export type ProcessOutputQuery = z.infer<typeof ProcessOutputQuery>;
+
+export const StdinQuery = z.object({ eof: booleanQuery.describe('Close the process\'s standard input after this write') });
+
+export const FileListQuery = z.object({
+  path: z.string().min(1).max(4096).default('.').describe('Directory; relative paths resolve under /workspace'),
+  recursive: booleanQuery,
+  limit: z.coerce.number().int().min(1).max(100_000).default(10_000).describe('At most this many entries (then truncated: true)'),
+});
+
+export const FileDeleteQuery = z.object({
+  path: z.string().min(1, 'path is required').max(4096),
+  recursive: booleanQuery.describe('Delete a non-empty directory and everything in it'),
+});
+
+export const ArchiveQuery = z.object({
+  path: z.string().min(1).max(4096).default('.').describe('Directory (or, for download, a file); relative paths resolve under /workspace'),
+  gzip: booleanQuery.describe('Download: gzip-compress the tar'),
+});
+
+export const PtyQuery = z.object({
+  cols: z.coerce.number().int().min(1).max(1000).default(80),
+  rows: z.coerce.number().int().min(1).max(1000).default(24),
+});
+
+export const PtyResize = z.object({
+  type: z.literal('resize'),
+  cols: z.number().int().min(1).max(1000),
+  rows: z.number().int().min(1).max(1000),
+});
+
+export const SetEnvRequest = z.object({ envVars: EnvVars }).strict();
 
 export const FileQuery = z.object({
   path: z.string().min(1, 'path is required').max(4096),
@@ -119,6 +168,58 @@ export const FileRead = z.object({
 export const FileWritten = z.object({ path: z.string(), size: z.number().int(), encoding: z.enum(['text', 'base64']) });
 
 export const EnvUpdated = z.object({ box_id: z.string(), env_count: z.number().int(), updated_at: z.string() });
+
+export const ProcessInfo = z.object({
+  process_id: z.string(),
+  pid: z.number().int(),
+  command: z.string(),
+  tag: z.string().optional(),
+  status: z.enum(['running', 'exited']),
+  started_at: z.string(),
+  ended_at: z.string().optional(),
+  exit_code: z.number().int().optional(),
+  signal: z.string().optional(),
+  output_bytes: z.number().int().optional(),
+  dropped_bytes: z.number().int().optional(),
+});
+
+export const ProcessList = z.object({ processes: z.array(ProcessInfo) });
+
+export const StdinWritten = z.object({ written: z.number().int() });
+
+export const FileList = z.object({
+  path: z.string(),
+  entries: z.array(
+    z.object({
+      path: z.string(),
+      name: z.string(),
+      type: z.enum(['file', 'dir', 'symlink', 'other']),
+      size: z.number().int(),
+      mode: z.string(),
+      modified: z.string(),
+    }),
+  ),
+  truncated: z.boolean(),
+});
+
+export const FileDeleted = z.object({ path: z.string(), deleted: z.boolean() });
+
+export const ArchiveWritten = z.object({ path: z.string(), entries: z.number().int(), bytes: z.number().int() });
+
+/** One line of a streamed exec or process output (application/x-ndjson). */
+export const OutputLine = z.union([
+  z.object({ type: z.literal('start'), offset: z.number().int(), dropped: z.number().int() }),
+  z.object({ type: z.enum(['stdout', 'stderr']), data: z.string(), offset: z.number().int().optional() }),
+  z.object({
+    type: z.literal('exit'),
+    exit_code: z.number().int(),
+    duration_ms: z.number().int(),
+    timed_out: z.boolean(),
+    stdout_truncated: z.boolean().optional(),
+    stderr_truncated: z.boolean().optional(),
+  }),
+  z.object({ type: z.literal('error'), error: z.object({ type: z.string(), message: z.string() }) }),
+]);
 
 export const Health = z.object({
   status: z.enum(['ok', 'degraded']),
@@ -188,18 +289,7 @@ export const PodMetricsList = z.object({
 
 export const ErrorBody = z.object({
   error: z.object({
-    type: z.enum([
-      'invalid_request',
-      'unauthorized',
-      'forbidden',
-      'not_found',
-      'conflict',
-      'payload_too_large',
-      'quota_exceeded',
-      'rate_limited',
-      'internal_error',
-      'cluster_unavailable',
-    ]),
+    type: z.enum(Object.keys(ERROR_STATUS) as [ErrorType, ...ErrorType[]]),
     message: z.string(),
   }),
 });

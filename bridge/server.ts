@@ -5,23 +5,31 @@ import type { Server } from 'node:http';
 import { readFileSync } from 'node:fs';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
+import { BridgeError } from '../common/errors.js';
 import { loadKubeConfig, makeApiClient } from '../common/kube.js';
 import { createLogger } from '../common/logger.js';
 import { DEFAULT_BOX_IMAGE, withDefaults } from '../common/pool.js';
 import { createProbeServer, listen } from '../common/probe-server.js';
 import { createApp } from './app.js';
-import { trustProxySetting, type Config } from './config.js';
+import { BoxdClient } from './boxd/client.js';
+import { boxdKey, trustProxySetting, type Config } from './config.js';
 import { fileToken, staticToken } from './http/auth.js';
+import { terminalUpgrades } from './http/terminals.js';
 import { TokenBuckets } from './http/token-bucket.js';
 import { BoxCache } from './kube/box-cache.js';
+import { BoxSecrets } from './kube/box-secrets.js';
 import { instrumentedCall } from './kube/instrument.js';
-import { PodExec } from './kube/pod-exec.js';
 import { WatchedPolicy, type PolicySource } from './kube/policy.js';
 import { createMetrics } from './metrics.js';
-import { BoxCommands } from './services/box-commands.js';
+import { BoxConnector } from './services/box-connector.js';
 import { BoxService } from './services/boxes.js';
+import { ByteBudget } from './services/byte-budget.js';
 import { ClusterService } from './services/cluster.js';
-import { EnvStore } from './services/env-store.js';
+import { EnvService } from './services/env.js';
+import { ExecService } from './services/exec.js';
+import { FileService } from './services/files.js';
+import { ProcessService } from './services/processes.js';
+import { TerminalService } from './services/terminal.js';
 
 /** The package version: package.json is one level up from bridge/, two from dist/bridge/. */
 function packageVersion(): string {
@@ -77,31 +85,40 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
 
   const call = instrumentedCall(metrics);
   const core = makeApiClient(kc, k8s.CoreV1Api, config.KUBE_TIMEOUT_MS);
-  const env = new EnvStore(core, call, namespace);
+  const key = boxdKey(config);
+  const secrets = new BoxSecrets(core, call, namespace);
   const boxes = new BoxService({
     core,
     call,
     cache,
     policy,
-    env,
+    secrets,
+    boxdKey: key,
+    boxdImage: config.BOXD_IMAGE,
     namespace,
     namePrefix: config.BOX_NAME_PREFIX,
     onCreated: () => metrics.boxesCreated.inc(),
   });
-  const commands = new BoxCommands({
-    podExec: new PodExec(kc),
-    boxes,
-    cache,
-    env,
-    namespace,
+  const boxd = new BoxdClient({ connectTimeoutMs: config.BOXD_CONNECT_TIMEOUT_MS });
+  const connector = new BoxConnector({ boxes, cache, boxd, key, namespace, startTimeoutMs: config.BOX_START_TIMEOUT_MS });
+  const exec = new ExecService({
+    connector,
+    boxd,
     maxExecsPerBox: () => policy.current().maxExecsPerBox,
     outputLimit: config.EXEC_OUTPUT_LIMIT_BYTES,
-    fileSizeLimit: config.FILE_SIZE_LIMIT_BYTES,
-    startTimeoutMs: config.BOX_START_TIMEOUT_MS,
-    kubeTimeoutMs: config.KUBE_TIMEOUT_MS,
     onExecDone: (outcome, seconds) => metrics.execDuration.observe({ outcome }, seconds),
     onRateLimited: () => metrics.rateLimited.inc({ reason: 'execs' }),
   });
+  const files = new FileService({
+    connector,
+    boxd,
+    budget: new ByteBudget(config.TRANSFER_BUDGET_BYTES),
+    fileSizeLimit: config.FILE_SIZE_LIMIT_BYTES,
+    archiveSizeLimit: config.ARCHIVE_SIZE_LIMIT_BYTES,
+    archiveMaxEntries: config.ARCHIVE_MAX_ENTRIES,
+  });
+  const processes = new ProcessService({ connector, boxd, maxProcessesPerBox: config.MAX_PROCESSES_PER_BOX });
+  const env = new EnvService({ connector, boxd, secrets });
   const cluster = new ClusterService({
     core,
     version: makeApiClient(kc, k8s.VersionApi, config.KUBE_TIMEOUT_MS),
@@ -115,23 +132,36 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     startedAt,
   });
   const tokens = config.BRIDGE_TOKEN_FILE ? fileToken(config.BRIDGE_TOKEN_FILE, log) : staticToken(config.BRIDGE_TOKEN!);
+  const buckets = new TokenBuckets(config.RATE_LIMIT_RPS, config.RATE_LIMIT_BURST);
 
   const app = createApp({
     log,
     tokens,
-    buckets: new TokenBuckets(config.RATE_LIMIT_RPS, config.RATE_LIMIT_BURST),
+    buckets,
     metrics,
     boxes,
-    commands,
     env,
+    exec,
+    processes,
+    files,
     cluster,
     version: BRIDGE_VERSION,
-    fileSizeLimit: config.FILE_SIZE_LIMIT_BYTES,
     trustProxy: trustProxySetting(config.TRUST_PROXY),
   });
 
   let shuttingDown = false;
   const apiServer: Server = app.listen(config.PORT, config.HOST);
+  const terminals = terminalUpgrades({
+    terminals: new TerminalService({ connector, boxd }),
+    log,
+    admit: (req, token) => {
+      if (!buckets.take(req.socket.remoteAddress ?? 'unknown').allowed) {
+        throw new BridgeError('rate_limited', 'too many requests', { headers: { 'Retry-After': '1' } });
+      }
+      if (!token || !tokens.matches(token)) throw new BridgeError('unauthorized', token ? 'invalid bearer token' : 'missing bearer token');
+    },
+  });
+  apiServer.on('upgrade', terminals.onUpgrade);
   await new Promise<void>((resolve, reject) => {
     apiServer.once('listening', resolve);
     apiServer.once('error', reject);
@@ -158,12 +188,14 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     async close() {
       if (shuttingDown) return;
       shuttingDown = true;
-      log.info({ inFlightExecs: commands.inFlight() }, 'shutting down: no new requests; waiting for in-flight ones');
+      log.info('shutting down: no new requests; waiting for in-flight ones');
       const closed = new Promise<void>((resolve) => apiServer.close(() => resolve()));
       apiServer.closeIdleConnections();
       const grace = new Promise<void>((resolve) => setTimeout(resolve, config.SHUTDOWN_GRACE_MS).unref());
       await Promise.race([closed, grace]);
       apiServer.closeAllConnections();
+      terminals.close();
+      boxd.close();
       tokens.close();
       cache.stop();
       watched?.stop();

@@ -11,6 +11,7 @@ export const ERROR_STATUS = {
   quota_exceeded: 429,
   rate_limited: 429,
   internal_error: 500,
+  not_implemented: 501,
   cluster_unavailable: 503,
 } as const;
 

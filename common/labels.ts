@@ -15,6 +15,8 @@ export const LABELS = {
   session: `${API_GROUP}/session`,
   /** Which of the session's slots (0..maxBoxesPerSession-1) the box occupies. */
   slot: `${API_GROUP}/slot`,
+  /** Digest of the Idempotency-Key of the create request that made the box. */
+  idempotencyKey: `${API_GROUP}/idempotency-key`,
 } as const;
 
 export const ANNOTATIONS = {
@@ -42,14 +44,9 @@ export function boxName(prefix: string, sessionId: string, slot: number): string
   return `${prefix}-${sessionHash(sessionId)}-${slot}`;
 }
 
-const ENV_SECRET_SUFFIX = '-env';
+const BOX_SECRET_SUFFIX = '-secret';
 
-/** Name of the Secret holding a box's environment variables. */
-export function envSecretName(boxId: string): string {
-  return `${boxId}${ENV_SECRET_SUFFIX}`;
-}
-
-/** The box an env Secret belongs to, by its name; undefined for other Secrets. */
-export function boxOfEnvSecret(secretName: string): string | undefined {
-  return secretName.endsWith(ENV_SECRET_SUFFIX) ? secretName.slice(0, -ENV_SECRET_SUFFIX.length) : undefined;
+/** Name of a box's Secret: boxd's credential and the durable copy of the box's env. */
+export function boxSecretName(boxId: string): string {
+  return `${boxId}${BOX_SECRET_SUFFIX}`;
 }

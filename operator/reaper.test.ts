@@ -17,8 +17,16 @@ function pod(name: string, opts: { created?: string; expiresAt?: string; phase?:
   };
 }
 
-function secret(name: string, created = '2030-01-01T11:00:00Z'): k8s.V1Secret {
-  return { metadata: { name, namespace: 'ns', uid: `uid-${name}`, creationTimestamp: new Date(created) } };
+function secret(name: string, ownerUid: string | undefined, created = '2030-01-01T11:00:00Z'): k8s.V1Secret {
+  return {
+    metadata: {
+      name,
+      namespace: 'ns',
+      uid: `uid-${name}`,
+      creationTimestamp: new Date(created),
+      ...(ownerUid ? { ownerReferences: [{ apiVersion: 'v1', kind: 'Pod', name: 'x', uid: ownerUid }] } : {}),
+    },
+  };
 }
 
 const base = { defaultTtlSeconds: 3600, now: NOW, orphanGraceMs: 30_000, secrets: [] };
@@ -61,13 +69,24 @@ test('deletes already sent are not sent again', () => {
   expect(plan.active).toBe(0);
 });
 
-test('env Secrets without their pod are orphans once past the grace period', () => {
+test('box Secrets whose owner pod (by UID) is gone are orphans once past the grace period', () => {
   const plan = planReaps({
     ...base,
     pods: [pod('alive')],
-    secrets: [secret('alive-env'), secret('gone-env'), secret('fresh-env', '2030-01-01T11:59:50Z'), secret('not-an-env-secret')],
+    secrets: [
+      secret('alive-secret', 'uid-alive'),
+      secret('gone-secret', 'uid-gone'),
+      // same name as a live box, but owned by its predecessor: an orphan, not the live box's
+      secret('alive-secret-old', 'uid-alive-before'),
+      secret('fresh-secret', 'uid-gone', '2030-01-01T11:59:50Z'),
+      secret('no-owner', undefined),
+    ],
   });
-  expect(plan.reaps.map((r) => [r.kind, r.name, r.reason])).toEqual([['Secret', 'gone-env', 'orphaned_secret']]);
+  expect(plan.reaps.map((r) => [r.kind, r.name, r.reason])).toEqual([
+    ['Secret', 'gone-secret', 'orphaned_secret'],
+    ['Secret', 'alive-secret-old', 'orphaned_secret'],
+    ['Secret', 'no-owner', 'orphaned_secret'],
+  ]);
   // The fresh one is due when its grace period ends.
   expect(plan.nextDueAt).toBe(Date.parse('2030-01-01T12:00:20Z'));
 });

@@ -1,7 +1,7 @@
-// Pure planning of box housekeeping: which box pods and env Secrets to delete, and when the next
+// Pure planning of box housekeeping: which box pods and box Secrets to delete, and when the next
 // one falls due (the reconciler requeues the pool for then instead of polling).
 import type * as k8s from '@kubernetes/client-node';
-import { ANNOTATIONS, boxOfEnvSecret } from '../common/labels.js';
+import { ANNOTATIONS } from '../common/labels.js';
 
 export type ReapReason = 'expired' | 'succeeded' | 'failed' | 'orphaned_secret';
 
@@ -29,7 +29,7 @@ export interface ReapInput {
   defaultTtlSeconds: number;
   now: number;
   /**
-   * How old an env Secret without its pod must be before it counts as orphaned: the Secret may
+   * How old a box Secret without its pod must be before it counts as orphaned: the Secret may
    * be observed before its pod reaches this replica's cache, and a freshly created box must not
    * lose its environment.
    */
@@ -57,12 +57,14 @@ export function planReaps(input: ReapInput): ReapPlan {
   const due = (at: number) => {
     if (nextDueAt === undefined || at < nextDueAt) nextDueAt = at;
   };
+  // By UID, not name: a box recreated under a reused name must not keep its predecessor's
+  // Secret alive, nor lose its own to it.
   const livePods = new Set<string>();
 
   for (const pod of input.pods) {
     const { name, namespace, uid } = pod.metadata ?? {};
     if (!name || !namespace || !uid) continue;
-    livePods.add(name);
+    livePods.add(uid);
     if (pod.metadata?.deletionTimestamp || pending?.has(uid)) continue;
     const phase = pod.status?.phase;
     if (phase === 'Succeeded' || phase === 'Failed') {
@@ -80,10 +82,10 @@ export function planReaps(input: ReapInput): ReapPlan {
 
   for (const secret of input.secrets) {
     const { name, namespace, uid } = secret.metadata ?? {};
-    const box = name ? boxOfEnvSecret(name) : undefined;
-    if (!name || !namespace || !uid || !box) continue;
+    const owner = secret.metadata?.ownerReferences?.find((o) => o.kind === 'Pod')?.uid;
+    if (!name || !namespace || !uid) continue;
     if (secret.metadata?.deletionTimestamp || pending?.has(uid)) continue;
-    if (livePods.has(box)) continue;
+    if (owner && livePods.has(owner)) continue;
     const created = timestamp(secret.metadata?.creationTimestamp) ?? 0;
     const orphanAt = created + input.orphanGraceMs;
     if (orphanAt <= now) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'orphaned_secret' });

@@ -12,7 +12,9 @@ export const errorHandler: ErrorRequestHandler = (err: unknown, req, res, _next)
   if (error.status >= 500) req.log?.error({ err }, error.message);
   else req.log?.info({ errorType: error.type }, error.message);
   if (res.headersSent) {
-    res.end();
+    // Part of a stream went out: cut the connection, so the caller sees it incomplete rather
+    // than a clean end of a truncated body.
+    res.destroy();
     return;
   }
   for (const [name, value] of Object.entries(error.headers)) res.setHeader(name, value);

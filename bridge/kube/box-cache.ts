@@ -12,8 +12,11 @@ export interface BoxReader {
   /** Boxes that count against the caps: every box not finished (deleting ones still hold their name). */
   activeCount(): number;
   sessionBoxes(sessionHash: string): k8s.V1Pod[];
-  /** Resolves with the pod once it is Running; rejects when it ends, vanishes, or time runs out. */
-  waitUntilRunning(name: string, timeoutMs: number): Promise<k8s.V1Pod>;
+  /**
+   * Resolves with the pod once `ready(pod)` holds; rejects when the pod ends, vanishes, or time
+   * runs out. A pod not in this replica's cache yet (created through another one) is waited for.
+   */
+  waitUntil(name: string, ready: (pod: k8s.V1Pod) => boolean, timeoutMs: number): Promise<k8s.V1Pod>;
   /** Calls back when the pod is deleted or starts terminating; returns an unsubscribe function. */
   onGone(name: string, callback: () => void): () => void;
   isHealthy(): boolean;
@@ -100,7 +103,7 @@ export class BoxCache implements BoxReader {
     };
   }
 
-  waitUntilRunning(name: string, timeoutMs: number): Promise<k8s.V1Pod> {
+  waitUntil(name: string, ready: (pod: k8s.V1Pod) => boolean, timeoutMs: number): Promise<k8s.V1Pod> {
     return new Promise((resolve, reject) => {
       const check = (pod: k8s.V1Pod | undefined, initial = false): boolean => {
         if (!pod) {
@@ -109,9 +112,8 @@ export class BoxCache implements BoxReader {
           reject(new BoxGoneError(name));
           return true;
         }
-        const state = boxState(pod);
-        if (state === 'Running') resolve(pod);
-        else if (state === 'Terminated') reject(new BoxGoneError(name, pod.status?.phase));
+        if (boxState(pod) === 'Terminated') reject(new BoxGoneError(name, pod.status?.phase));
+        else if (ready(pod)) resolve(pod);
         else return false;
         return true;
       };

@@ -1,68 +1,42 @@
-// /api/v1/boxes: thin handlers; validation by the zod schemas, work by the services.
+// /api/v1/boxes: box lifecycle and env. Thin handlers; validation by the zod schemas, work by
+// the services.
 import express, { Router, type Request } from 'express';
-import type { z } from 'zod';
 import { BridgeError } from '../../common/errors.js';
-import { CreateBoxRequest, ExecRequest, FileQuery, SetEnvRequest, describeIssues } from '../schemas.js';
-import type { BoxCommands } from '../services/box-commands.js';
+import { CreateBoxRequest, SetEnvRequest } from '../schemas.js';
 import type { BoxService } from '../services/boxes.js';
-import type { EnvStore } from '../services/env-store.js';
+import type { EnvService } from '../services/env.js';
+import { boxIdOf, parse } from './parse.js';
 
-export function parse<S extends z.ZodType>(schema: S, value: unknown): z.infer<S> {
-  const result = schema.safeParse(value);
-  if (!result.success) throw new BridgeError('invalid_request', describeIssues(result.error));
-  return result.data;
-}
+const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
 
-const id = (req: Request) => String(req.params.id);
-
-export function boxRoutes(deps: { boxes: BoxService; commands: BoxCommands; env: EnvStore; fileSizeLimit: number }): Router {
-  const { boxes, commands, env } = deps;
+export function boxRoutes(deps: { boxes: BoxService; env: EnvService }): Router {
+  const { boxes, env } = deps;
   const router = Router();
   const json = express.json({ limit: '1mb', strict: true });
-  // Base64 text is 4/3 the size of the bytes it carries.
-  const raw = express.raw({ type: () => true, limit: Math.ceil((deps.fileSizeLimit * 4) / 3) + 4 });
 
   router.post('/', json, async (req, res) => {
-    res.status(201).json(await boxes.create(parse(CreateBoxRequest, req.body ?? {})));
+    res.status(201).json(await boxes.create(parse(CreateBoxRequest, req.body ?? {}), idempotencyKey(req)));
   });
 
   router.get('/:id/status', async (req, res) => {
-    res.json(await boxes.status(id(req)));
+    res.json(await boxes.status(boxIdOf(req)));
   });
 
   router.delete('/:id', async (req, res) => {
-    res.json(await boxes.delete(id(req)));
-  });
-
-  router.post('/:id/exec', json, async (req, res) => {
-    res.json(await commands.exec(id(req), parse(ExecRequest, req.body ?? {})));
-  });
-
-  router.get('/:id/files', async (req, res) => {
-    const q = parse(FileQuery, req.query);
-    res.json(await commands.readFile(id(req), q.path, q.base64));
-  });
-
-  router.put('/:id/files', raw, async (req, res) => {
-    const q = parse(FileQuery, req.query);
-    const body = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
-    let content = body;
-    if (q.base64) {
-      const text = body.toString('ascii').replace(/\s+/g, '');
-      if (!/^[A-Za-z0-9+/]*={0,2}$/.test(text) || text.length % 4 !== 0) {
-        throw new BridgeError('invalid_request', 'base64=true but the body is not valid base64');
-      }
-      content = Buffer.from(text, 'base64');
-    }
-    res.json(await commands.writeFile(id(req), q.path, content, q.base64 ? 'base64' : 'text'));
+    res.json(await boxes.delete(boxIdOf(req)));
   });
 
   router.post('/:id/env', json, async (req, res) => {
     const { envVars } = parse(SetEnvRequest, req.body ?? {});
-    const pod = await boxes.get(id(req));
-    const count = await env.merge(pod, envVars);
-    res.json({ box_id: id(req), env_count: count, updated_at: new Date().toISOString() });
+    res.json(await env.merge(boxIdOf(req), envVars));
   });
 
   return router;
+}
+
+function idempotencyKey(req: Request): string | undefined {
+  const key = req.get('idempotency-key');
+  if (key === undefined) return undefined;
+  if (!IDEMPOTENCY_KEY.test(key)) throw new BridgeError('invalid_request', 'Idempotency-Key must be 1-255 visible ASCII characters');
+  return key;
 }

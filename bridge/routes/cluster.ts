@@ -2,7 +2,7 @@
 import { Router } from 'express';
 import { LogsQuery } from '../schemas.js';
 import type { ClusterService } from '../services/cluster.js';
-import { parse } from './boxes.js';
+import { parse } from './parse.js';
 
 export function clusterRoutes(cluster: ClusterService): Router {
   const router = Router();

@@ -1,7 +1,8 @@
 // Box lifecycle, auth, validation and policy through the real bridge against the local
 // cluster (boxes on simulated nodes; commands inside real containers are in bridge-exec).
 import * as k8s from '@kubernetes/client-node';
-import { ANNOTATIONS, LABELS, envSecretName, sessionHash } from '../../common/labels.js';
+import { BOXD_BINARY, BOXD_PORT, BOXD_VERSION_ANNOTATION } from '../../common/boxd.js';
+import { ANNOTATIONS, LABELS, boxSecretName, sessionHash } from '../../common/labels.js';
 import type { RunningBridge } from '../../bridge/server.js';
 import { ON_SIMULATED_NODES, TEST_TOKEN, api, startTestBridge, testPolicy } from '../support/bridge.js';
 import { createTestNamespace, deleteTestNamespace, testKubeConfig, waitFor } from '../support/cluster.js';
@@ -96,14 +97,24 @@ test('create, inspect, list and delete a box', async () => {
   const box = pod.spec!.containers[0]!;
   expect(box.securityContext).toMatchObject({ allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } });
   expect(box.resources).toEqual({ requests: { cpu: '500m', memory: '256Mi' }, limits: { cpu: '500m', memory: '256Mi' } });
-  expect(pod.spec?.volumes?.map((v) => [v.name, Boolean(v.emptyDir)])).toEqual([
-    ['workspace', true],
-    ['tmp', true],
+  expect(pod.spec?.volumes?.map((v) => [v.name, v.emptyDir ? 'emptyDir' : v.secret ? 'secret' : '?'])).toEqual([
+    ['workspace', 'emptyDir'],
+    ['tmp', 'emptyDir'],
+    ['boxd', 'emptyDir'],
+    ['box-secret', 'secret'],
   ]);
+  // boxd: installed by an init container (same resources, same lockdown), PID 1 of the box.
+  expect(pod.metadata?.annotations?.[BOXD_VERSION_ANNOTATION]).toBe('v1');
+  const init = pod.spec!.initContainers![0]!;
+  expect(init).toMatchObject({ name: 'boxd-install', args: ['install', BOXD_BINARY], resources: box.resources });
+  expect(init.securityContext).toEqual(box.securityContext);
+  expect(box.command).toEqual([BOXD_BINARY, 'serve']);
+  expect(box.ports).toEqual([{ name: 'boxd', containerPort: BOXD_PORT, protocol: 'TCP' }]);
   expect(JSON.stringify(pod)).not.toContain('s3cr3t-value');
-  const secret = await core.readNamespacedSecret({ name: envSecretName(id), namespace });
+  const secret = await core.readNamespacedSecret({ name: boxSecretName(id), namespace });
   expect(secret.metadata?.ownerReferences?.[0]).toMatchObject({ kind: 'Pod', name: id, uid: pod.metadata?.uid });
-  expect(Buffer.from(secret.data!.SECRET_TOKEN!, 'base64').toString()).toBe('s3cr3t-value');
+  expect(JSON.parse(Buffer.from(secret.data!.env!, 'base64').toString())).toEqual({ SECRET_TOKEN: 's3cr3t-value' });
+  expect(Buffer.from(secret.data!.token!, 'base64').toString()).toMatch(/^[0-9a-f]{64}$/);
   expect(await podNames(`${LABELS.session}=${sessionHash('session-lifecycle')}`)).toEqual([id]);
 
   const running = await waitFor('box to be Running', async () => {
@@ -136,10 +147,28 @@ test('create, inspect, list and delete a box', async () => {
   const deleted = await call('DELETE', `/boxes/${id}`);
   expect(deleted.status).toBe(200);
   expect(deleted.json).toEqual({ box_id: id, status: 'Terminated', deleted_at: expect.any(String) });
-  await waitFor('pod to be gone', async () => ((await podNames()).includes(id) ? undefined : true));
+  // Gone for every route at once, while the pod is still terminating.
   const again = await call('DELETE', `/boxes/${id}`);
   expect(again.status).toBe(404);
   expect(again.json.error.type).toBe('not_found');
+  expect((await call('GET', `/boxes/${id}/status`)).status).toBe(404);
+  await waitFor('pod to be gone', async () => ((await podNames()).includes(id) ? undefined : true));
+  expect((await call('DELETE', `/boxes/${id}`)).status).toBe(404);
+});
+
+test('an Idempotency-Key makes a retried create return the same box', async () => {
+  const key = { 'idempotency-key': `key-${Date.now()}` };
+  const first = await call('POST', '/boxes', { sessionId: 'idempotent' }, key);
+  expect(first.status).toBe(201);
+  const retried = await call('POST', '/boxes', { sessionId: 'idempotent' }, key);
+  expect(retried.status).toBe(201);
+  expect(retried.json.box_id).toBe(first.json.box_id);
+  const other = await call('POST', '/boxes', { sessionId: 'idempotent' }, { 'idempotency-key': 'another-key' });
+  expect(other.json.box_id).not.toBe(first.json.box_id);
+  const bad = await call('POST', '/boxes', { sessionId: 'idempotent' }, { 'idempotency-key': 'with space' });
+  expect(bad.status).toBe(400);
+  expect(await podNames(`${LABELS.session}=${sessionHash('idempotent')}`)).toHaveLength(2);
+  for (const id of [first.json.box_id, other.json.box_id]) await call('DELETE', `/boxes/${id}`);
 });
 
 describe('bad requests change nothing', () => {

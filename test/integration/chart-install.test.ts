@@ -6,7 +6,7 @@ import { rmSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import { pino } from 'pino';
-import { envSecretName } from '../../common/labels.js';
+import { boxSecretName } from '../../common/labels.js';
 import { startBridge, type RunningBridge } from '../../bridge/server.js';
 import { TEST_TOKEN, api, testConfig } from '../support/bridge.js';
 import { testKubeConfig, waitFor } from '../support/cluster.js';
@@ -211,9 +211,9 @@ test('the bridge, with only the chart RBAC, serves a whole box lifecycle; a miss
   const deleted = await call('DELETE', `/boxes/${boxId}`);
   expect(deleted.status).toBe(200);
   expect(deleted.json).toMatchObject({ box_id: boxId, status: 'Terminated' });
-  await waitFor('the box and its env Secret to be gone', async () => {
+  await waitFor('the box and its Secret to be gone', async () => {
     const pods = await core.listNamespacedPod({ namespace: sandboxNs, fieldSelector: `metadata.name=${boxId}` });
-    const secrets = await core.listNamespacedSecret({ namespace: sandboxNs, fieldSelector: `metadata.name=${envSecretName(boxId)}` });
+    const secrets = await core.listNamespacedSecret({ namespace: sandboxNs, fieldSelector: `metadata.name=${boxSecretName(boxId)}` });
     return pods.items.length === 0 && secrets.items.length === 0 ? true : undefined;
   }, { timeoutMs: 45_000 });
   expect((await call('DELETE', `/boxes/${boxId}`)).status).toBe(404);

@@ -9,6 +9,10 @@ import { staticPolicy, type PolicySource } from '../../bridge/kube/policy.js';
 import { startBridge, type RunningBridge } from '../../bridge/server.js';
 
 export const TEST_TOKEN = `test-token-${randomBytes(12).toString('hex')}`;
+/** Shared by every test bridge (as by every replica of a real install). */
+export const TEST_BOXD_KEY = randomBytes(32).toString('hex');
+/** The boxd image the local cluster's real node has (test/cluster/real-node/images.sh). */
+export const TEST_BOXD_IMAGE = 'sandbox-bridge.local/boxd:dev';
 
 export function testConfig(overrides: Record<string, string> = {}): Config {
   return ConfigSchema.parse({
@@ -17,6 +21,8 @@ export function testConfig(overrides: Record<string, string> = {}): Config {
     HOST: '127.0.0.1',
     LOG_LEVEL: 'error',
     BRIDGE_TOKEN: TEST_TOKEN,
+    BOXD_KEY: TEST_BOXD_KEY,
+    BOXD_IMAGE: TEST_BOXD_IMAGE,
     SHUTDOWN_GRACE_MS: '2000',
     ...overrides,
   });

@@ -1,0 +1,317 @@
+// The one place that speaks boxd's protocol (boxd/PROTOCOL.md): routes, the credential header,
+// error bodies, frames. Services call these typed methods with a target (pod IP + token) and
+// never see a boxd URL. Plain HTTP/1.1 with keep-alive connections per box.
+import http from 'node:http';
+import type { Duplex, Readable } from 'node:stream';
+import { BOXD_PORT } from '../../common/boxd.js';
+import { BridgeError, ERROR_STATUS, type ErrorType } from '../../common/errors.js';
+
+/** Where a box's boxd listens and the credential it accepts. */
+export interface BoxdTarget {
+  box: string;
+  ip: string;
+  token: string;
+}
+
+/** boxd did not accept a connection (not started yet, or gone): the caller decides what that means. */
+export class BoxdUnreachableError extends Error {
+  constructor(
+    readonly box: string,
+    readonly code: string,
+  ) {
+    super(`boxd of box ${box} is not reachable (${code})`);
+  }
+}
+
+export interface BoxdExecRequest {
+  command: string;
+  cwd: string;
+  env?: Record<string, string>;
+  /** base64 */
+  stdin?: string;
+  timeout_ms: number;
+  max_output_bytes: number;
+  max_concurrent: number;
+}
+
+export interface BoxdExit {
+  exit_code: number;
+  signal?: string;
+  timed_out: boolean;
+  duration_ms: number;
+  stdout_bytes: number;
+  stderr_bytes: number;
+  stdout_truncated: boolean;
+  stderr_truncated: boolean;
+}
+
+export interface BoxdProcess {
+  process_id: string;
+  pid: number;
+  command: string;
+  tag?: string;
+  status: 'running' | 'exited';
+  started_at: string;
+  ended_at?: string;
+  exit_code?: number;
+  signal?: string;
+  output_bytes?: number;
+  dropped_bytes?: number;
+}
+
+export interface BoxdFileEntry {
+  path: string;
+  name: string;
+  type: 'file' | 'dir' | 'symlink' | 'other';
+  size: number;
+  mode: string;
+  modified: string;
+}
+
+type Query = Record<string, string | number | boolean | undefined>;
+
+interface SendOptions {
+  query?: Query;
+  json?: unknown;
+  body?: Readable | Buffer;
+  contentLength?: number;
+  signal?: AbortSignal | undefined;
+}
+
+export interface BoxdClientOptions {
+  port?: number;
+  /** How long a new connection may take before boxd counts as unreachable. */
+  connectTimeoutMs?: number;
+}
+
+const ERROR_BODY_LIMIT = 64 * 1024;
+
+export class BoxdClient {
+  private readonly port: number;
+  private readonly connectTimeoutMs: number;
+  // Idle connections are dropped after 30 s; boxd keeps them longer, so we always close first
+  // and never reuse a socket boxd is closing.
+  private readonly agent = new http.Agent({ keepAlive: true, timeout: 30_000, maxFreeSockets: 1024, scheduling: 'lifo' });
+
+  constructor(options: BoxdClientOptions = {}) {
+    this.port = options.port ?? BOXD_PORT;
+    this.connectTimeoutMs = options.connectTimeoutMs ?? 2000;
+  }
+
+  close(): void {
+    this.agent.destroy();
+  }
+
+  health(t: BoxdTarget, signal?: AbortSignal): Promise<{ status: string; version: string }> {
+    return this.json(t, 'GET', '/v1/health', { signal });
+  }
+
+  /** The exec's frames: start, stdout/stderr, exit. */
+  exec(t: BoxdTarget, req: BoxdExecRequest, signal?: AbortSignal): Promise<http.IncomingMessage> {
+    return this.send(t, 'POST', '/v1/exec', { json: req, signal });
+  }
+
+  setEnv(t: BoxdTarget, vars: Record<string, string>, signal?: AbortSignal): Promise<{ count: number }> {
+    return this.json(t, 'POST', '/v1/env', { json: { set: vars }, signal });
+  }
+
+  startProcess(
+    t: BoxdTarget,
+    req: { command: string; cwd: string; env?: Record<string, string>; tag?: string; max_processes: number },
+    signal?: AbortSignal,
+  ): Promise<BoxdProcess> {
+    return this.json(t, 'POST', '/v1/processes', { json: req, signal });
+  }
+
+  listProcesses(t: BoxdTarget, signal?: AbortSignal): Promise<{ processes: BoxdProcess[] }> {
+    return this.json(t, 'GET', '/v1/processes', { signal });
+  }
+
+  getProcess(t: BoxdTarget, id: string, signal?: AbortSignal): Promise<BoxdProcess> {
+    return this.json(t, 'GET', `/v1/processes/${encodeURIComponent(id)}`, { signal });
+  }
+
+  /** Frames: start {offset, dropped}, stdout/stderr from `since`, exit once the process ended. */
+  processOutput(t: BoxdTarget, id: string, query: { since?: number; follow?: boolean }, signal?: AbortSignal): Promise<http.IncomingMessage> {
+    return this.send(t, 'GET', `/v1/processes/${encodeURIComponent(id)}/output`, { query, signal });
+  }
+
+  processStdin(t: BoxdTarget, id: string, data: Buffer, eof: boolean, signal?: AbortSignal): Promise<{ written: number }> {
+    return this.json(t, 'POST', `/v1/processes/${encodeURIComponent(id)}/stdin`, { query: { eof }, body: data, signal });
+  }
+
+  signalProcess(t: BoxdTarget, id: string, sig: string, signal?: AbortSignal): Promise<BoxdProcess> {
+    return this.json(t, 'POST', `/v1/processes/${encodeURIComponent(id)}/signal`, { json: { signal: sig }, signal });
+  }
+
+  /** The file's bytes as a stream; Content-Length tells its size. */
+  readFile(t: BoxdTarget, path: string, maxBytes: number, signal?: AbortSignal): Promise<http.IncomingMessage> {
+    return this.send(t, 'GET', '/v1/files', { query: { path, max_bytes: maxBytes }, signal });
+  }
+
+  writeFile(
+    t: BoxdTarget,
+    path: string,
+    body: Readable | Buffer,
+    opts: { maxBytes: number; contentLength?: number; signal?: AbortSignal | undefined },
+  ): Promise<{ path: string; size: number }> {
+    return this.json(t, 'PUT', '/v1/files', {
+      query: { path, max_bytes: opts.maxBytes },
+      body,
+      ...(opts.contentLength !== undefined ? { contentLength: opts.contentLength } : {}),
+      signal: opts.signal,
+    });
+  }
+
+  listFiles(
+    t: BoxdTarget,
+    query: { path: string; recursive: boolean; limit: number },
+    signal?: AbortSignal,
+  ): Promise<{ path: string; entries: BoxdFileEntry[]; truncated: boolean }> {
+    return this.json(t, 'GET', '/v1/files/list', { query, signal });
+  }
+
+  deleteFile(t: BoxdTarget, path: string, recursive: boolean, signal?: AbortSignal): Promise<{ path: string; deleted: boolean }> {
+    return this.json(t, 'DELETE', '/v1/files', { query: { path, recursive }, signal });
+  }
+
+  /** A tar stream of path (a directory's contents, or one file). */
+  readArchive(t: BoxdTarget, path: string, gzip: boolean, signal?: AbortSignal): Promise<http.IncomingMessage> {
+    return this.send(t, 'GET', '/v1/archive', { query: { path, gzip }, signal });
+  }
+
+  writeArchive(
+    t: BoxdTarget,
+    path: string,
+    body: Readable,
+    opts: { maxBytes: number; maxEntries: number; contentLength?: number; signal?: AbortSignal | undefined },
+  ): Promise<{ path: string; entries: number; bytes: number }> {
+    return this.json(t, 'PUT', '/v1/archive', {
+      query: { path, max_bytes: opts.maxBytes, max_entries: opts.maxEntries },
+      body,
+      ...(opts.contentLength !== undefined ? { contentLength: opts.contentLength } : {}),
+      signal: opts.signal,
+    });
+  }
+
+  /** Opens a terminal: the returned socket carries frames both ways (PROTOCOL.md "PTY"). */
+  pty(t: BoxdTarget, query: { cols: number; rows: number; cwd?: string; command?: string }, signal?: AbortSignal): Promise<{ socket: Duplex; head: Buffer }> {
+    return new Promise((resolve, reject) => {
+      const req = this.request(t, 'GET', '/v1/pty', query, signal, { connection: 'Upgrade', upgrade: 'boxd-frames' }, reject);
+      req.on('upgrade', (_res, socket, head) => resolve({ socket, head }));
+      req.on('response', (res) => {
+        void errorOf(res, t.box).then(reject, reject);
+      });
+      req.end();
+    });
+  }
+
+  private async json<T>(t: BoxdTarget, method: string, path: string, opts: SendOptions): Promise<T> {
+    const res = await this.send(t, method, path, opts);
+    return JSON.parse((await readAll(res, Infinity)).toString('utf8')) as T;
+  }
+
+  /** Sends a request; resolves with a 2xx response (body unread), rejects with the mapped error otherwise. */
+  private send(t: BoxdTarget, method: string, path: string, opts: SendOptions): Promise<http.IncomingMessage> {
+    return new Promise((resolve, reject) => {
+      const headers: http.OutgoingHttpHeaders = {};
+      let payload: Buffer | Readable | undefined = opts.body;
+      if (opts.json !== undefined) {
+        payload = Buffer.from(JSON.stringify(opts.json), 'utf8');
+        headers['content-type'] = 'application/json';
+      }
+      if (Buffer.isBuffer(payload)) headers['content-length'] = payload.length;
+      else if (opts.contentLength !== undefined) headers['content-length'] = opts.contentLength;
+      const req = this.request(t, method, path, opts.query, opts.signal, headers, reject);
+      req.on('response', (res) => {
+        if ((res.statusCode ?? 500) < 300) resolve(res);
+        else void errorOf(res, t.box).then(reject, reject);
+      });
+      if (payload === undefined || Buffer.isBuffer(payload)) req.end(payload);
+      else {
+        payload.on('error', (err) => req.destroy(err));
+        payload.pipe(req);
+      }
+    });
+  }
+
+  private request(
+    t: BoxdTarget,
+    method: string,
+    path: string,
+    query: Query | undefined,
+    signal: AbortSignal | undefined,
+    headers: http.OutgoingHttpHeaders,
+    reject: (err: unknown) => void,
+  ): http.ClientRequest {
+    const req = http.request({
+      host: t.ip,
+      port: this.port,
+      method,
+      path: path + queryString(query),
+      agent: this.agent,
+      headers: { ...headers, 'x-boxd-token': t.token },
+      timeout: 0,
+      ...(signal ? { signal } : {}),
+    });
+    let connected = false;
+    req.on('socket', (socket) => {
+      if (!(socket as { connecting?: boolean }).connecting) {
+        connected = true;
+        return;
+      }
+      const timer = setTimeout(() => req.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), this.connectTimeoutMs);
+      socket.once('connect', () => {
+        connected = true;
+        clearTimeout(timer);
+      });
+      socket.once('close', () => clearTimeout(timer));
+    });
+    req.on('error', (err: NodeJS.ErrnoException) => {
+      if (signal?.aborted) reject(signal.reason ?? err);
+      else if (err instanceof BridgeError) reject(err); // the request body failed (e.g. bad base64)
+      else if (!connected) reject(new BoxdUnreachableError(t.box, err.code ?? err.message));
+      else reject(new BridgeError('cluster_unavailable', `lost the connection to box ${t.box} (${err.code ?? err.message})`, { headers: { 'Retry-After': '1' }, cause: err }));
+    });
+    return req;
+  }
+}
+
+function queryString(query: Query | undefined): string {
+  if (!query) return '';
+  const params = new URLSearchParams();
+  for (const [k, v] of Object.entries(query)) if (v !== undefined) params.set(k, String(v));
+  const s = params.toString();
+  return s ? `?${s}` : '';
+}
+
+/** boxd's JSON error body as the API's error (its types are the API's). */
+async function errorOf(res: http.IncomingMessage, box: string): Promise<BridgeError> {
+  const status = res.statusCode ?? 500;
+  let type: ErrorType = status === 401 ? 'internal_error' : status >= 500 ? 'internal_error' : 'invalid_request';
+  let message = `boxd answered ${status}`;
+  try {
+    const body = JSON.parse((await readAll(res, ERROR_BODY_LIMIT)).toString('utf8')) as { error?: { type?: string; message?: string } };
+    if (body.error?.type && body.error.type in ERROR_STATUS) type = body.error.type as ErrorType;
+    if (body.error?.message) message = body.error.message;
+  } catch {
+    // not boxd's JSON: keep the generic message
+  }
+  // A 401 from boxd means our credential for the box is wrong: the caller did nothing wrong.
+  if (status === 401) return new BridgeError('internal_error', `box ${box} refused the bridge's credential (${message})`);
+  return new BridgeError(type, message, type === 'rate_limited' ? { headers: { 'Retry-After': '1' } } : {});
+}
+
+export async function readAll(stream: Readable, limit: number): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of stream as AsyncIterable<Buffer>) {
+    size += chunk.length;
+    if (size > limit) {
+      stream.destroy();
+      throw new BridgeError('internal_error', `boxd answer larger than ${limit} bytes`);
+    }
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks);
+}

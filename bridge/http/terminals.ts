@@ -1,0 +1,147 @@
+// GET /api/v1/boxes/:id/pty as a WebSocket: binary frames are terminal bytes both ways; text
+// frames from the caller are JSON controls ({"type":"resize","cols","rows"}); when the shell
+// exits the bridge sends {"type":"exit","exit_code"} and closes with 1000. Upgrades bypass
+// Express, so authentication and rate limiting are applied here explicitly.
+import type { IncomingMessage } from 'node:http';
+import type { Duplex } from 'node:stream';
+import type { Logger } from 'pino';
+import { WebSocketServer, type RawData, type WebSocket } from 'ws';
+import { BridgeError } from '../../common/errors.js';
+import { FRAME, FrameDecoder, encodeFrame, frameJson } from '../boxd/frames.js';
+import { PtyQuery, PtyResize, describeIssues } from '../schemas.js';
+import type { TerminalService } from '../services/terminal.js';
+
+/** The subprotocol the bridge speaks; the caller may also pass its token as a subprotocol. */
+export const PTY_PROTOCOL = 'sandbox-bridge.pty.v1';
+/** `sandbox-bridge.bearer.<base64url token>`: for WebSocket clients that cannot set headers. */
+export const BEARER_PROTOCOL_PREFIX = 'sandbox-bridge.bearer.';
+
+const PTY_PATH = /^\/api\/v1\/boxes\/([^/]+)\/pty$/;
+
+export interface TerminalUpgradeDeps {
+  terminals: TerminalService;
+  /** Throws a BridgeError (401, 429) unless the request may proceed. */
+  admit: (req: IncomingMessage, token: string | undefined) => void;
+  log: Logger;
+}
+
+export function terminalUpgrades(deps: TerminalUpgradeDeps) {
+  const wss = new WebSocketServer({
+    noServer: true,
+    maxPayload: 1024 * 1024,
+    handleProtocols: (offered) => (offered.has(PTY_PROTOCOL) ? PTY_PROTOCOL : false),
+  });
+  const open = new Set<WebSocket>();
+
+  const handle = async (req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> => {
+    const url = new URL(req.url ?? '/', 'http://bridge');
+    const match = PTY_PATH.exec(url.pathname);
+    if (!match) throw new BridgeError('not_found', `no WebSocket route ${url.pathname}`);
+    deps.admit(req, presentedToken(req));
+    const query = PtyQuery.safeParse(Object.fromEntries(url.searchParams));
+    if (!query.success) throw new BridgeError('invalid_request', describeIssues(query.error));
+    const boxId = decodeURIComponent(match[1]!);
+    const box = await deps.terminals.open(boxId, query.data);
+    if (socket.destroyed) {
+      box.socket.destroy();
+      return;
+    }
+    wss.handleUpgrade(req, socket, head, (ws) => {
+      open.add(ws);
+      ws.on('close', () => open.delete(ws));
+      relay(ws, box.socket, box.head, deps.log.child({ box: boxId }));
+    });
+  };
+
+  return {
+    onUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer): void {
+      socket.on('error', () => undefined);
+      handle(req, socket, head).catch((err: unknown) => refuse(socket, err, deps.log));
+    },
+    /** Closes every open terminal (shutdown). */
+    close(): void {
+      for (const ws of open) ws.close(1001, 'bridge shutting down');
+    },
+  };
+}
+
+/** Bearer token from the Authorization header, or from the bearer subprotocol. */
+function presentedToken(req: IncomingMessage): string | undefined {
+  const header = /^Bearer\s+(\S+)\s*$/i.exec(req.headers.authorization ?? '');
+  if (header) return header[1];
+  for (const protocol of (req.headers['sec-websocket-protocol'] ?? '').split(',')) {
+    const p = protocol.trim();
+    if (p.startsWith(BEARER_PROTOCOL_PREFIX)) return Buffer.from(p.slice(BEARER_PROTOCOL_PREFIX.length), 'base64url').toString('utf8');
+  }
+  return undefined;
+}
+
+function relay(ws: WebSocket, boxd: Duplex, head: Buffer, log: Logger): void {
+  const decoder = new FrameDecoder();
+  const fromBox = (chunk: Buffer) => {
+    let frames;
+    try {
+      frames = decoder.push(chunk);
+    } catch (err) {
+      log.warn({ err: (err as Error).message }, 'terminal stream from the box is malformed');
+      ws.close(1011, 'terminal stream broken');
+      boxd.destroy();
+      return;
+    }
+    for (const frame of frames) {
+      if (frame.type === FRAME.stdout) ws.send(frame.payload, { binary: true });
+      else if (frame.type === FRAME.exit) {
+        const exit = frameJson<{ exit_code: number }>(frame);
+        ws.send(JSON.stringify({ type: 'exit', exit_code: exit.exit_code }));
+        ws.close(1000, 'terminal ended');
+      } else if (frame.type === FRAME.error) ws.close(1011, frameJson<{ message?: string }>(frame).message?.slice(0, 120) ?? 'box error');
+    }
+  };
+  if (head.length) fromBox(head);
+  boxd.on('data', fromBox);
+  boxd.on('close', () => {
+    if (ws.readyState === ws.OPEN) ws.close(1011, 'the box closed the terminal');
+  });
+  boxd.on('error', () => undefined);
+
+  ws.on('message', (data: RawData, isBinary: boolean) => {
+    const bytes = Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data as ArrayBuffer);
+    if (isBinary) {
+      boxd.write(encodeFrame(FRAME.stdin, bytes));
+      return;
+    }
+    try {
+      const control = JSON.parse(bytes.toString('utf8')) as { type?: string };
+      if (control.type === 'eof') boxd.write(encodeFrame(FRAME.eof));
+      else {
+        const resize = PtyResize.parse(control);
+        boxd.write(encodeFrame(FRAME.resize, JSON.stringify({ cols: resize.cols, rows: resize.rows })));
+      }
+    } catch {
+      ws.close(1003, 'text frames must be {"type":"resize","cols","rows"} or {"type":"eof"}');
+    }
+  });
+  ws.on('close', () => boxd.destroy());
+  ws.on('error', () => boxd.destroy());
+}
+
+/** Answers a refused upgrade with the API's JSON error, as a plain HTTP response. */
+function refuse(socket: Duplex, err: unknown, log: Logger): void {
+  const e = err instanceof BridgeError ? err : new BridgeError('internal_error', 'internal error; see the bridge logs');
+  if (!(err instanceof BridgeError)) log.error({ err }, 'terminal upgrade failed');
+  if (socket.destroyed) return;
+  const body = JSON.stringify(e.toJSON());
+  const headers = {
+    'Content-Type': 'application/json',
+    'Content-Length': String(Buffer.byteLength(body)),
+    Connection: 'close',
+    ...(e.status === 401 ? { 'WWW-Authenticate': 'Bearer realm="sandbox-bridge"' } : {}),
+    ...e.headers,
+  };
+  const lines = Object.entries(headers).map(([k, v]) => `${k}: ${v}`);
+  socket.end(`HTTP/1.1 ${e.status} ${statusText(e.status)}\r\n${lines.join('\r\n')}\r\n\r\n${body}`);
+}
+
+function statusText(status: number): string {
+  return { 400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden', 404: 'Not Found', 409: 'Conflict', 429: 'Too Many Requests', 503: 'Service Unavailable' }[status] ?? 'Error';
+}

@@ -1,0 +1,90 @@
+// Commands in a box: exec (answered whole, or streamed as NDJSON with Accept:
+// application/x-ndjson) and background processes.
+import express, { Router } from 'express';
+import { ExecRequest, ProcessOutputQuery, SignalRequest, StartProcessRequest, StdinQuery } from '../schemas.js';
+import type { ExecService } from '../services/exec.js';
+import type { ProcessService } from '../services/processes.js';
+import { Utf8Chunks, ndjsonStream, wantsNdjson } from '../http/ndjson.js';
+import { boxIdOf, parse } from './parse.js';
+
+export function execRoutes(deps: { exec: ExecService; processes: ProcessService }): Router {
+  const { exec, processes } = deps;
+  const router = Router();
+  const json = express.json({ limit: '1mb', strict: true });
+  const raw = express.raw({ type: () => true, limit: '1mb' });
+  const processId = (req: express.Request) => String(req.params.pid);
+
+  router.post('/:id/exec', json, async (req, res) => {
+    const body = parse(ExecRequest, req.body ?? {});
+    if (!wantsNdjson(req)) {
+      res.json(await exec.run(boxIdOf(req), body));
+      return;
+    }
+    const out = ndjsonStream(res);
+    const text = new Utf8Chunks();
+    try {
+      const exit = await exec.stream(boxIdOf(req), body, (stream, data) => out.write({ type: stream, data: text.decode(stream, data) }), {
+        signal: out.signal,
+        onStart: out.open,
+      });
+      await out.write({
+        type: 'exit',
+        exit_code: exit.exit_code,
+        duration_ms: exit.duration_ms,
+        timed_out: exit.timed_out,
+        stdout_truncated: exit.stdout_truncated,
+        stderr_truncated: exit.stderr_truncated,
+      });
+      out.end();
+    } catch (err) {
+      out.end(err);
+    }
+  });
+
+  router.post('/:id/processes', json, async (req, res) => {
+    res.status(201).json(await processes.start(boxIdOf(req), parse(StartProcessRequest, req.body ?? {})));
+  });
+
+  router.get('/:id/processes', async (req, res) => {
+    res.json(await processes.list(boxIdOf(req)));
+  });
+
+  router.get('/:id/processes/:pid', async (req, res) => {
+    res.json(await processes.get(boxIdOf(req), processId(req)));
+  });
+
+  router.get('/:id/processes/:pid/output', async (req, res) => {
+    const query = parse(ProcessOutputQuery, req.query);
+    const out = ndjsonStream(res);
+    const text = new Utf8Chunks();
+    try {
+      await processes.output(
+        boxIdOf(req),
+        processId(req),
+        query,
+        (e) => {
+          if (e.type === 'start') return out.write(e);
+          if (e.type === 'exit') return out.write({ type: 'exit', exit_code: e.exit.exit_code, duration_ms: e.exit.duration_ms, timed_out: e.exit.timed_out });
+          return out.write({ type: e.type, data: text.decode(e.type, e.data), offset: e.offset });
+        },
+        out.signal,
+      );
+      out.end();
+    } catch (err) {
+      out.end(err);
+    }
+  });
+
+  router.post('/:id/processes/:pid/stdin', raw, async (req, res) => {
+    const { eof } = parse(StdinQuery, req.query);
+    const data = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
+    res.json(await processes.stdin(boxIdOf(req), processId(req), data, eof));
+  });
+
+  router.post('/:id/processes/:pid/signal', json, async (req, res) => {
+    const { signal } = parse(SignalRequest, req.body ?? {});
+    res.json(await processes.signal(boxIdOf(req), processId(req), signal));
+  });
+
+  return router;
+}

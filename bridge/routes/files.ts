@@ -1,0 +1,53 @@
+// Files and archives in a box. Uploads and archive transfers stream through (no whole-body
+// buffering); GET /files answers the spec's JSON, or the raw bytes with Accept:
+// application/octet-stream.
+import { pipeline } from 'node:stream/promises';
+import { Router } from 'express';
+import { ArchiveQuery, FileDeleteQuery, FileListQuery, FileQuery } from '../schemas.js';
+import type { FileService } from '../services/files.js';
+import { boxIdOf, contentLength, parse } from './parse.js';
+
+export function fileRoutes(deps: { files: FileService }): Router {
+  const { files } = deps;
+  const router = Router();
+
+  router.get('/:id/files', async (req, res) => {
+    const q = parse(FileQuery, req.query);
+    if (req.accepts(['application/json', 'application/octet-stream']) === 'application/octet-stream') {
+      const file = await files.download(boxIdOf(req), q.path);
+      res.status(200).setHeader('Content-Type', 'application/octet-stream');
+      res.setHeader('Content-Length', String(file.size));
+      await pipeline(file.body, res);
+      return;
+    }
+    res.json(await files.read(boxIdOf(req), q.path, q.base64));
+  });
+
+  router.put('/:id/files', async (req, res) => {
+    const q = parse(FileQuery, req.query);
+    const length = contentLength(req);
+    res.json(await files.write(boxIdOf(req), q.path, req, { base64: q.base64, ...(length !== undefined ? { contentLength: length } : {}) }));
+  });
+
+  router.get('/:id/files/list', async (req, res) => {
+    res.json(await files.list(boxIdOf(req), parse(FileListQuery, req.query)));
+  });
+
+  router.delete('/:id/files', async (req, res) => {
+    res.json(await files.delete(boxIdOf(req), parse(FileDeleteQuery, req.query)));
+  });
+
+  router.get('/:id/archive', async (req, res) => {
+    const q = parse(ArchiveQuery, req.query);
+    const body = await files.downloadArchive(boxIdOf(req), q);
+    res.status(200).setHeader('Content-Type', q.gzip ? 'application/gzip' : 'application/x-tar');
+    await pipeline(body, res);
+  });
+
+  router.put('/:id/archive', async (req, res) => {
+    const q = parse(ArchiveQuery, req.query);
+    res.json(await files.uploadArchive(boxIdOf(req), q.path, req, contentLength(req)));
+  });
+
+  return router;
+}
