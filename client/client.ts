@@ -2,7 +2,9 @@
 // (lazy creation, idempotent destroy) live in sandbox.ts.
 import { decodeBase64, encodeBase64 } from './base64.js';
 import { request, type CallOptions, type FetchLike, type HttpConfig, type RetryOptions } from './http.js';
+import { ndjsonEvents, openStream, openTerminal, responseBytes, type Terminal } from './streams.js';
 import type {
+  ArchiveWritten,
   BoxCreated,
   BoxDeleted,
   BoxStatus,
@@ -11,13 +13,21 @@ import type {
   EnvUpdated,
   ExecRequest,
   ExecResult,
+  FileDeleted,
+  FileList,
   FileRead,
   FileWritten,
   Health,
   NodeList,
   OpenApiDocument,
+  OutputEvent,
   PodMetricsList,
+  ProcessInfo,
+  ProcessList,
+  ProcessSignal,
   SandboxList,
+  StartProcessRequest,
+  StdinWritten,
 } from './types.js';
 
 export interface BridgeClientOptions {
@@ -63,6 +73,27 @@ export interface BridgeClient {
   setEnv(boxId: string, envVars: Record<string, string>, opts?: CallOptions): Promise<EnvUpdated>;
   status(boxId: string, opts?: CallOptions): Promise<BoxStatus>;
   openapi(opts?: CallOptions): Promise<OpenApiDocument>;
+
+  /** Runs a command and yields its output as it comes: stdout/stderr events, then exit. Breaking out of the loop (or the signal) kills the command. */
+  execStream(boxId: string, req: ExecRequest, opts?: CallOptions): AsyncGenerator<OutputEvent>;
+  /** Starts a background process; it outlives the call and is visible through every bridge replica. */
+  startProcess(boxId: string, req: StartProcessRequest, opts?: CallOptions): Promise<ProcessInfo>;
+  listProcesses(boxId: string, opts?: CallOptions): Promise<ProcessList>;
+  getProcess(boxId: string, processId: string, opts?: CallOptions): Promise<ProcessInfo>;
+  /** Output from byte offset `since` (default 0); with follow, until the process exits. Events carry offsets to resume from. */
+  processOutput(boxId: string, processId: string, opts?: CallOptions & { since?: number; follow?: boolean }): AsyncGenerator<OutputEvent>;
+  writeProcessStdin(boxId: string, processId: string, data: string | Uint8Array, opts?: CallOptions & { eof?: boolean }): Promise<StdinWritten>;
+  signalProcess(boxId: string, processId: string, signal: ProcessSignal, opts?: CallOptions): Promise<ProcessInfo>;
+  listFiles(boxId: string, path?: string, opts?: CallOptions & { recursive?: boolean; limit?: number }): Promise<FileList>;
+  deleteFile(boxId: string, path: string, opts?: CallOptions & { recursive?: boolean }): Promise<FileDeleted>;
+  /** The file's raw bytes (streamed by the bridge, never base64). */
+  downloadFile(boxId: string, path: string, opts?: CallOptions): Promise<Uint8Array>;
+  /** A tar (gzip: tar.gz) of a directory or file, as a stream. */
+  downloadArchive(boxId: string, path?: string, opts?: CallOptions & { gzip?: boolean }): Promise<ReadableStream<Uint8Array>>;
+  /** Extracts a tar or tar.gz into a directory (created if missing); all or nothing. */
+  uploadArchive(boxId: string, path: string, archive: Uint8Array | ReadableStream<Uint8Array>, opts?: CallOptions): Promise<ArchiveWritten>;
+  /** An interactive terminal over WebSocket. */
+  openTerminal(boxId: string, size?: { cols: number; rows: number }): Terminal;
 }
 
 export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
@@ -121,6 +152,93 @@ export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
     setEnv: (id, envVars, opts) => call({ operation: 'set env', method: 'POST', path: `${box(id)}/env`, json: { envVars }, expect: 'json' }, opts),
     status: (id, opts) => get('status', `${box(id)}/status`, opts),
     openapi: (opts) => get('openapi', '/openapi.json', opts),
+
+    async *execStream(id, req, opts = {}) {
+      const response = await openStream(config, {
+        operation: 'exec',
+        method: 'POST',
+        path: `${box(id)}/exec`,
+        json: req,
+        accept: 'application/x-ndjson',
+        timeoutMs: opts.timeoutMs ?? (req.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS) + EXEC_GRACE_MS,
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      });
+      yield* ndjsonEvents('exec', response);
+    },
+    startProcess: (id, req, opts) => call({ operation: 'start process', method: 'POST', path: `${box(id)}/processes`, json: req, expect: 'json' }, opts),
+    listProcesses: (id, opts) => get('list processes', `${box(id)}/processes`, opts),
+    getProcess: (id, pid, opts) => get('get process', `${box(id)}/processes/${encodeURIComponent(pid)}`, opts),
+    async *processOutput(id, pid, opts = {}) {
+      const response = await openStream(config, {
+        operation: 'process output',
+        method: 'GET',
+        path: `${box(id)}/processes/${encodeURIComponent(pid)}/output`,
+        query: { since: opts.since, follow: opts.follow ? 'true' : undefined },
+        accept: 'application/x-ndjson',
+        ...(opts.timeoutMs !== undefined ? { timeoutMs: opts.timeoutMs } : {}),
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      });
+      yield* ndjsonEvents('process output', response);
+    },
+    writeProcessStdin: (id, pid, data, opts = {}) =>
+      call(
+        {
+          operation: 'process stdin',
+          method: 'POST',
+          path: `${box(id)}/processes/${encodeURIComponent(pid)}/stdin`,
+          query: { eof: opts.eof ? 'true' : undefined },
+          ...(typeof data === 'string' ? { text: data } : { bytes: data }),
+          expect: 'json',
+        },
+        opts,
+      ),
+    signalProcess: (id, pid, signal, opts) =>
+      call({ operation: 'signal process', method: 'POST', path: `${box(id)}/processes/${encodeURIComponent(pid)}/signal`, json: { signal }, expect: 'json' }, opts),
+    listFiles: (id, path = '.', opts = {}) =>
+      call(
+        { operation: 'list files', method: 'GET', path: `${box(id)}/files/list`, query: { path, recursive: opts.recursive ? 'true' : undefined, limit: opts.limit }, expect: 'json' },
+        opts,
+      ),
+    deleteFile: (id, path, opts = {}) =>
+      call({ operation: 'delete file', method: 'DELETE', path: `${box(id)}/files`, query: { path, recursive: opts.recursive ? 'true' : undefined }, expect: 'json' }, opts),
+    async downloadFile(id, path, opts = {}) {
+      const response = await openStream(config, {
+        operation: 'download file',
+        method: 'GET',
+        path: `${box(id)}/files`,
+        query: { path },
+        accept: 'application/octet-stream',
+        timeoutMs: opts.timeoutMs ?? config.timeoutMs,
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      });
+      return responseBytes(response);
+    },
+    async downloadArchive(id, path = '.', opts = {}) {
+      const response = await openStream(config, {
+        operation: 'download archive',
+        method: 'GET',
+        path: `${box(id)}/archive`,
+        query: { path, gzip: opts.gzip ? 'true' : undefined },
+        accept: opts.gzip ? 'application/gzip' : 'application/x-tar',
+        ...(opts.timeoutMs !== undefined ? { timeoutMs: opts.timeoutMs } : {}),
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      });
+      return response.body ?? new ReadableStream({ start: (c) => c.close() });
+    },
+    async uploadArchive(id, path, archive, opts = {}) {
+      const response = await openStream(config, {
+        operation: 'upload archive',
+        method: 'PUT',
+        path: `${box(id)}/archive`,
+        query: { path },
+        body: archive,
+        accept: 'application/json',
+        timeoutMs: opts.timeoutMs ?? config.timeoutMs,
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      });
+      return (await response.json()) as ArchiveWritten;
+    },
+    openTerminal: (id, size = { cols: 80, rows: 24 }) => openTerminal(config, `${box(id)}/pty`, size),
   };
 }
 

@@ -80,9 +80,10 @@ export interface RequestSpec extends CallOptions {
   method: 'GET' | 'POST' | 'PUT' | 'DELETE';
   path: string;
   query?: Record<string, string | number | boolean | undefined>;
-  /** A JSON body (serialised here) or raw text. */
+  /** A JSON body (serialised here), raw text, or raw bytes. */
   json?: unknown;
   text?: string;
+  bytes?: Uint8Array;
   /** How to read a 2xx response. */
   expect: 'json' | 'text';
 }
@@ -96,13 +97,16 @@ export async function request<T>(config: HttpConfig, spec: RequestSpec): Promise
   const signal = spec.signal ? AbortSignal.any([timeout, spec.signal]) : timeout;
   const url = buildUrl(config.apiUrl, spec.path, spec.query);
   const headers: Record<string, string> = { authorization: `Bearer ${config.token}`, accept: spec.expect === 'json' ? 'application/json' : 'text/plain' };
-  let body: string | undefined;
+  let body: string | Uint8Array | undefined;
   if (spec.json !== undefined) {
     headers['content-type'] = 'application/json';
     body = JSON.stringify(spec.json);
   } else if (spec.text !== undefined) {
     headers['content-type'] = 'text/plain; charset=utf-8';
     body = spec.text;
+  } else if (spec.bytes !== undefined) {
+    headers['content-type'] = 'application/octet-stream';
+    body = spec.bytes;
   }
 
   for (let attempt = 0; ; attempt++) {
@@ -132,7 +136,7 @@ export async function request<T>(config: HttpConfig, spec: RequestSpec): Promise
   }
 }
 
-function buildUrl(apiUrl: string, path: string, query: RequestSpec['query']): string {
+export function buildUrl(apiUrl: string, path: string, query: RequestSpec['query']): string {
   const params = new URLSearchParams();
   for (const [name, value] of Object.entries(query ?? {})) if (value !== undefined) params.set(name, String(value));
   const qs = params.toString();
@@ -155,7 +159,7 @@ function parseBody<T>(spec: RequestSpec, response: Response, text: string): T {
   }
 }
 
-function httpError(operation: string, response: Response, text: string): BridgeClientError {
+export function httpError(operation: string, response: Response, text: string): BridgeClientError {
   let type: BridgeErrorType | 'http_error' = 'http_error';
   let detail: string | undefined;
   try {
@@ -186,7 +190,7 @@ export function parseRetryAfter(value: string | null, now = Date.now()): number 
   return Number.isNaN(date) ? undefined : Math.max(0, date - now);
 }
 
-function noResponseError(operation: string, err: unknown, timeout: AbortSignal, caller: AbortSignal | undefined, timeoutMs: number): BridgeClientError {
+export function noResponseError(operation: string, err: unknown, timeout: AbortSignal, caller: AbortSignal | undefined, timeoutMs: number): BridgeClientError {
   if (err instanceof BridgeClientError) return err;
   if (timeout.aborted) {
     return new BridgeClientError({ operation, status: 0, type: 'timeout', message: `${operation} failed: timed out after ${timeoutMs} ms`, cause: err });

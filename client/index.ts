@@ -4,6 +4,8 @@
 export { createBridgeClient, fileBytes, DEFAULT_TIMEOUT_MS } from './client.js';
 export type { BridgeClient, BridgeClientOptions, FileReadOptions } from './client.js';
 export { BridgeClientError, parseRetryAfter } from './http.js';
+export { PTY_PROTOCOL } from './streams.js';
+export type { Terminal } from './streams.js';
 export type { CallOptions, ClientFailure, FetchLike, RetryOptions } from './http.js';
 export { ClusterBridgeSandbox, clusterBridgeSandboxFactory } from './sandbox.js';
 export type { ClusterBridgeSandboxOptions, ExecOptions, FromEnvOptions } from './sandbox.js';

@@ -12,6 +12,8 @@ import type { openApiDocument } from '../bridge/openapi.js';
 export type CreateBoxRequest = z.input<typeof S.CreateBoxRequest>;
 export type ExecRequest = z.input<typeof S.ExecRequest>;
 export type SetEnvRequest = z.input<typeof S.SetEnvRequest>;
+export type StartProcessRequest = z.input<typeof S.StartProcessRequest>;
+export type ProcessSignal = (typeof S.SIGNALS)[number];
 
 export type Health = z.output<typeof S.Health>;
 export type ClusterInfo = z.output<typeof S.ClusterInfo>;
@@ -25,6 +27,14 @@ export type ExecResult = z.output<typeof S.ExecResult>;
 export type FileRead = z.output<typeof S.FileRead>;
 export type FileWritten = z.output<typeof S.FileWritten>;
 export type EnvUpdated = z.output<typeof S.EnvUpdated>;
+export type ProcessInfo = z.output<typeof S.ProcessInfo>;
+export type ProcessList = z.output<typeof S.ProcessList>;
+export type StdinWritten = z.output<typeof S.StdinWritten>;
+export type FileList = z.output<typeof S.FileList>;
+export type FileDeleted = z.output<typeof S.FileDeleted>;
+export type ArchiveWritten = z.output<typeof S.ArchiveWritten>;
+/** One line of a streamed exec (`execStream`) or of process output (`processOutput`). */
+export type OutputEvent = z.output<typeof S.OutputLine>;
 export type ErrorBody = z.output<typeof S.ErrorBody>;
 /** Error types the bridge reports in `{"error": {"type", "message"}}`. */
 export type BridgeErrorType = ErrorBody['error']['type'];
