@@ -16,6 +16,9 @@ const errors = (...codes: number[]) =>
   );
 const common = errors(401, 429, 500, 503);
 const boxId = { name: 'id', in: 'path', required: true, schema: { type: 'string' }, description: 'Box id (the pod name)' };
+const query = (name: string, description: string, type = 'string', required = false) => ({ name, in: 'query', required, schema: { type }, description });
+const processId = { name: 'pid', in: 'path', required: true, schema: { type: 'string' }, description: 'process_id from POST /boxes/{id}/processes' };
+const ndjson = (description: string) => ({ description, content: { 'application/x-ndjson': { schema: schema(S.OutputLine) } } });
 const fileParams = [
   boxId,
   { name: 'path', in: 'query', required: true, schema: { type: 'string' }, description: 'File path; relative paths resolve under /workspace' },
@@ -56,7 +59,8 @@ export function openApiDocument(version: string) {
       },
       '/boxes': {
         post: {
-          summary: 'Create a box',
+          summary: 'Create a box (Idempotency-Key header: the same key within 24 h returns the same box)',
+          parameters: [{ name: 'Idempotency-Key', in: 'header', required: false, schema: { type: 'string', maxLength: 255 } }],
           requestBody: jsonBody(S.CreateBoxRequest),
           responses: { '201': ok(S.BoxCreated, 'Created'), ...errors(400, 403, 413), ...common },
         },
@@ -69,19 +73,102 @@ export function openApiDocument(version: string) {
       },
       '/boxes/{id}/exec': {
         post: {
-          summary: 'Run a command (sh -c) in the box',
+          summary: 'Run a command (sh -c) in the box; with Accept: application/x-ndjson the output streams as it comes',
           parameters: [boxId],
           requestBody: jsonBody(S.ExecRequest),
-          responses: { '200': ok(S.ExecResult), ...errors(400, 404, 409), ...common },
+          responses: {
+            '200': { description: 'The result, or with Accept: application/x-ndjson a stream of lines', content: { 'application/json': { schema: schema(S.ExecResult) }, 'application/x-ndjson': { schema: schema(S.OutputLine) } } },
+            ...errors(400, 404, 409),
+            ...common,
+          },
+        },
+      },
+      '/boxes/{id}/processes': {
+        post: {
+          summary: 'Start a background process',
+          parameters: [boxId],
+          requestBody: jsonBody(S.StartProcessRequest),
+          responses: { '201': ok(S.ProcessInfo, 'Started'), ...errors(400, 404, 409), ...common },
+        },
+        get: { summary: 'Background processes, running first', parameters: [boxId], responses: { '200': ok(S.ProcessList), ...errors(404), ...common } },
+      },
+      '/boxes/{id}/processes/{pid}': {
+        get: { summary: 'One background process', parameters: [boxId, processId], responses: { '200': ok(S.ProcessInfo), ...errors(404), ...common } },
+      },
+      '/boxes/{id}/processes/{pid}/output': {
+        get: {
+          summary: 'Output from an offset (replay), then with follow=true as it comes until the process exits',
+          parameters: [boxId, processId, query('since', 'Byte offset to start from', 'integer'), query('follow', 'Keep streaming', 'boolean')],
+          responses: { '200': ndjson('Output lines with offsets, then exit once the process ended'), ...errors(400, 404), ...common },
+        },
+      },
+      '/boxes/{id}/processes/{pid}/stdin': {
+        post: {
+          summary: "Write to the process's standard input (raw body); eof=true closes it afterwards",
+          parameters: [boxId, processId, query('eof', 'Close stdin after this write', 'boolean')],
+          requestBody: { required: false, content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } },
+          responses: { '200': ok(S.StdinWritten), ...errors(404, 409, 413), ...common },
+        },
+      },
+      '/boxes/{id}/processes/{pid}/signal': {
+        post: {
+          summary: "Signal the process's group",
+          parameters: [boxId, processId],
+          requestBody: jsonBody(S.SignalRequest),
+          responses: { '200': ok(S.ProcessInfo), ...errors(400, 404, 409), ...common },
+        },
+      },
+      '/boxes/{id}/pty': {
+        get: {
+          summary: 'Interactive terminal (WebSocket upgrade; subprotocol sandbox-bridge.pty.v1). Binary frames: terminal bytes; text frames: {"type":"resize","cols","rows"} or {"type":"eof"}; the bridge sends {"type":"exit","exit_code"} when the shell ends',
+          parameters: [boxId, query('cols', 'Columns (default 80)', 'integer'), query('rows', 'Rows (default 24)', 'integer')],
+          responses: { '101': { description: 'Switching to WebSocket' }, ...errors(400, 404, 409), ...common },
+        },
+      },
+      '/boxes/{id}/files/list': {
+        get: {
+          summary: 'Directory listing (symlinks listed, not followed)',
+          parameters: [boxId, query('path', 'Directory (default /workspace)'), query('recursive', 'Walk subdirectories', 'boolean'), query('limit', 'At most this many entries', 'integer')],
+          responses: { '200': ok(S.FileList), ...errors(400, 403, 404), ...common },
+        },
+      },
+      '/boxes/{id}/archive': {
+        get: {
+          summary: 'A tar (gzip=true: tar.gz) of a directory or file, streamed',
+          parameters: [boxId, query('path', 'Directory or file (default /workspace)'), query('gzip', 'Compress', 'boolean')],
+          responses: {
+            '200': { description: 'tar stream', content: { 'application/x-tar': { schema: { type: 'string', format: 'binary' } }, 'application/gzip': { schema: { type: 'string', format: 'binary' } } } },
+            ...errors(400, 403, 404),
+            ...common,
+          },
+        },
+        put: {
+          summary: 'Extract a tar or tar.gz into a directory (created if missing); all or nothing; escaping entries, links out, devices refused',
+          parameters: [boxId, query('path', 'Target directory (default /workspace)')],
+          requestBody: { required: true, content: { 'application/x-tar': { schema: { type: 'string', format: 'binary' } }, 'application/gzip': { schema: { type: 'string', format: 'binary' } } } },
+          responses: { '200': ok(S.ArchiveWritten), ...errors(400, 403, 404, 413), ...common },
         },
       },
       '/boxes/{id}/files': {
-        get: { summary: 'Read a file', parameters: fileParams, responses: { '200': ok(S.FileRead), ...errors(400, 403, 404, 413), ...common } },
+        get: {
+          summary: 'Read a file: JSON, or the raw bytes with Accept: application/octet-stream',
+          parameters: fileParams,
+          responses: {
+            '200': { description: 'OK', content: { 'application/json': { schema: schema(S.FileRead) }, 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } },
+            ...errors(400, 403, 404, 413),
+            ...common,
+          },
+        },
+        delete: {
+          summary: 'Delete a file or (recursive=true) a directory tree',
+          parameters: [boxId, query('path', 'File or directory', 'string', true), query('recursive', 'Delete a non-empty directory', 'boolean')],
+          responses: { '200': ok(S.FileDeleted), ...errors(400, 403, 404, 409), ...common },
+        },
         put: {
           summary: 'Write a file (body is the raw content, or base64 text with base64=true)',
           parameters: fileParams,
           requestBody: { required: true, content: { 'text/plain': { schema: { type: 'string' } }, 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } },
-          responses: { '200': ok(S.FileWritten), ...errors(400, 404, 413), ...common },
+          responses: { '200': ok(S.FileWritten), ...errors(400, 403, 404, 413), ...common },
         },
       },
       '/boxes/{id}/env': {

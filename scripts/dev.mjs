@@ -78,7 +78,7 @@ async function applyPolicy(kc) {
     ? { nodeSelector: { [REAL_NODE_LABEL]: 'true' }, tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }] }
     : {};
   if (!realNodes.items.length && startedCluster) {
-    say('no real node: boxes run on simulated nodes, where exec runs on this host (use workdir /tmp)');
+    say('no real node: boxes run on simulated nodes, which have no boxd: create/list/delete work, exec and files do not');
   }
   const custom = kc.makeApiClient(k8s.CustomObjectsApi);
   const ref = { group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools' };
@@ -138,6 +138,15 @@ async function stop(code = 0) {
   process.exit(code);
 }
 
+function devBoxdKey() {
+  const file = join(root, '.dev/boxd-key');
+  if (existsSync(file)) return readFileSync(file, 'utf8').trim();
+  mkdirSync(join(root, '.dev'), { recursive: true });
+  const key = randomBytes(32).toString('hex');
+  writeFileSync(file, `${key}\n`, { mode: 0o600 });
+  return key;
+}
+
 async function main() {
   const kubeconfig = await chooseCluster();
   const kc = new k8s.KubeConfig();
@@ -145,6 +154,9 @@ async function main() {
   await applyPolicy(kc);
 
   const token = randomBytes(24).toString('base64url');
+  // The key box credentials are derived from; boxes made by an earlier run keep theirs only
+  // if the key stays, so it is kept in .dev/ between runs.
+  const boxdKey = devBoxdKey();
   const common = { KUBECONFIG: kubeconfig, LOG_LEVEL: process.env.LOG_LEVEL ?? 'info' };
   run('operator', 'dist/operator/main.js', { ...common, METRICS_PORT: String(OPERATOR_METRICS_PORT), LEASE_NAME: 'sandbox-bridge-operator-dev',
     POOL_SELECTOR: `${DEV_LABEL}=true`,
@@ -152,6 +164,8 @@ async function main() {
   run('bridge', 'dist/bridge/main.js', {
     ...common,
     BRIDGE_TOKEN: token,
+    BOXD_KEY: boxdKey,
+    BOXD_IMAGE: process.env.BOXD_IMAGE ?? 'sandbox-bridge.local/boxd:dev',
     POOL_NAME: POOL,
     SANDBOX_NAMESPACE: NAMESPACE,
     PORT: String(PORT),

@@ -5,8 +5,8 @@
 #
 # Fixed choices (edit the output with a kustomize overlay, not here):
 #   release "sandbox-bridge" in namespace "sandbox-bridge"; sandbox namespace "sandbox";
-#   secret.existingSecret=sandbox-bridge-token, so no token is committed: create the Secret
-#   yourself (README: "Install with kubectl apply -k").
+#   secret.existingSecret=sandbox-bridge-token and boxd.existingSecret=sandbox-bridge-boxd-key,
+#   so no secret is committed: create both Secrets yourself (README: "Install with kubectl apply -k").
 # The ServiceMonitor and PrometheusRule go to OUT_DIR/monitoring (needs prometheus-operator).
 # test/integration/chart-manifests.test.ts regenerates into a temp dir and diffs, so the
 # committed manifests never drift from the chart.
@@ -29,7 +29,7 @@ header="# Generated from charts/sandbox-bridge by scripts/generate-manifests.sh.
 
 render() {
   "$helm" template "$release" "$chart" --namespace "$namespace" --kube-version "$kube_version" \
-    --set secret.existingSecret=sandbox-bridge-token "$@"
+    --set secret.existingSecret=sandbox-bridge-token --set boxd.existingSecret=sandbox-bridge-boxd-key "$@"
 }
 
 mkdir -p "$out/crds" "$out/monitoring"
@@ -73,6 +73,7 @@ $header
 #   kubectl wait --for condition=established crd/sandboxpools.sandbox-bridge.io
 #   kubectl create namespace sandbox-bridge
 #   kubectl create secret generic sandbox-bridge-token -n sandbox-bridge --from-literal=token="\$(openssl rand -hex 32)"
+#   kubectl create secret generic sandbox-bridge-boxd-key -n sandbox-bridge --from-literal=key="\$(openssl rand -hex 32)"
 #   kubectl apply -k manifests
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization

@@ -76,6 +76,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{- define "sandbox-bridge.boxdImage" -}}
+{{- $tag := default .Chart.AppVersion .Values.boxd.image.tag }}
+{{- if .Values.boxd.image.digest }}
+{{- printf "%s@%s" .Values.boxd.image.repository .Values.boxd.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.boxd.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the boxd key: existingSecret, or the chart's own. */}}
+{{- define "sandbox-bridge.boxdKeySecretName" -}}
+{{- default (printf "%s-boxd-key" (include "sandbox-bridge.fullname" .)) .Values.boxd.existingSecret }}
+{{- end }}
+
 {{/* The Secret holding the token: the chart's own, or existingSecret. Fails with a clear
      message when neither is set, so a release can never come up without a token. */}}
 {{- define "sandbox-bridge.tokenSecretName" -}}
