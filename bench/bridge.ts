@@ -1,15 +1,21 @@
 // Bench: what the bridge costs.
 //
-//   npm run bench            (BENCH_EXEC_ROUNDS=200 BENCH_BOXES=10000 BENCH_NODES=1000)
+//   npm run bench   (BENCH_EXEC_ROUNDS=200 BENCH_LOAD_BOXES=50 BENCH_LOAD_SECONDS=60
+//                    BENCH_BOXES=10000 BENCH_NODES=1000; BENCH_SKIP_READS=1 skips part 5)
 //
-// 1. Exec round trip through the bridge (the fetch-only client -> bridge -> pods/exec) against a
-//    direct client-node exec of the same command in the same box, interleaved in one run so
-//    both see the same machine load: p50, p99 and the difference. The box runs on the local
-//    cluster's real node when it is up, otherwise on a simulated node.
-// 2. With BENCH_BOXES box pods on BENCH_NODES simulated nodes: latency of GET /sandboxes and
+// On the local cluster's real node (parts 1-4 need it):
+// 1. Exec round trip of `echo hi` through the bridge (fetch-only client -> bridge -> boxd) against
+//    a direct client-node exec (pods/exec through the API server) of the same command in the same
+//    box, interleaved in one run so both see the same machine load: p50, p99 and the ratio.
+// 2. Time to first byte of a streamed exec.
+// 3. Writing and reading 10 MiB (raw bytes both ways, and the spec's JSON read).
+// 4. Load: BENCH_LOAD_BOXES boxes x 5 concurrent execs for BENCH_LOAD_SECONDS: errors, rate,
+//    latency, bridge CPU per exec and Kubernetes API requests per exec.
+// On simulated nodes:
+// 5. With BENCH_BOXES box pods on BENCH_NODES simulated nodes: latency of GET /sandboxes and
 //    GET /boxes/:id/status, and the bridge process's RSS.
 //
-// The bridge runs as its own process (node dist/bridge/main.js) so its RSS is its own.
+// The bridge runs as its own process (node dist/bridge/main.js) so its RSS and CPU are its own.
 // Results go to bench/results/bridge.md and .json.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -18,11 +24,10 @@ import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
 import * as k8s from '@kubernetes/client-node';
-import { createBridgeClient } from '../client/index.js';
+import { createBridgeClient, type BridgeClient } from '../client/index.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
 import { clusterUp, createBenchPool, ensureCluster } from './setup.js';
-import { makeApiClient } from '../common/kube.js';
 import { ANNOTATIONS, BOX_SELECTOR, LABELS, MANAGED_BY, sessionHash } from '../common/labels.js';
 
 const ROOT = process.cwd();
@@ -30,6 +35,9 @@ const EXEC_ROUNDS = Number(process.env.BENCH_EXEC_ROUNDS ?? 200);
 const BOXES = Number(process.env.BENCH_BOXES ?? 10_000);
 const NODES = Number(process.env.BENCH_NODES ?? 1000);
 const READ_ROUNDS = Number(process.env.BENCH_READ_ROUNDS ?? 100);
+const LOAD_BOXES = Number(process.env.BENCH_LOAD_BOXES ?? 50);
+const LOAD_SECONDS = Number(process.env.BENCH_LOAD_SECONDS ?? 60);
+const LOAD_CONCURRENCY = 5;
 const SKIP_READS = process.env.BENCH_SKIP_READS === '1';
 const KUBECONFIG = process.env.KUBECONFIG ?? join(ROOT, '.cluster/kubeconfig');
 const REAL_NODE_LABEL = 'sandbox-bridge.io/real-node';
@@ -37,6 +45,7 @@ const id = randomBytes(3).toString('hex');
 const ns = `bench-bridge-${id}`;
 const pool = `bench-bridge-${id}`;
 const token = randomBytes(24).toString('hex');
+const boxdKey = randomBytes(32).toString('hex');
 
 ensureCluster(ROOT, KUBECONFIG, []);
 const kc = new k8s.KubeConfig();
@@ -90,17 +99,34 @@ async function directExec(pod: string, command: string): Promise<string> {
   });
 }
 
-async function startBridgeProcess(onSpawn?: (child: ChildProcess) => void): Promise<{ child: ChildProcess; url: string }> {
+/** CPU seconds (user + system) a process has used so far. */
+function cpuSeconds(pid: number): number {
+  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+  return (Number(fields[11]) + Number(fields[12])) / 100; // utime, stime in clock ticks (USER_HZ 100)
+}
+
+/** Kubernetes API requests the bridge has made (its own metric). */
+async function bridgeKubeRequests(metricsUrl: string): Promise<number> {
+  const text = await (await fetch(`${metricsUrl}/metrics`)).text();
+  let n = 0;
+  for (const m of text.matchAll(/^sandbox_bridge_kube_api_duration_seconds_count\{[^}]*\} (\d+)/gm)) n += Number(m[1]);
+  return n;
+}
+
+async function startBridgeProcess(onSpawn?: (child: ChildProcess) => void): Promise<{ child: ChildProcess; url: string; metricsUrl: string }> {
   const port = await freePort();
+  const metricsPort = await freePort();
   const child = spawn(process.execPath, [...NODE_FLAGS, join(ROOT, 'dist/bridge/main.js')], {
     env: {
       PATH: process.env.PATH,
       KUBECONFIG,
       BRIDGE_TOKEN: token,
+      BOXD_KEY: boxdKey,
+      BOXD_IMAGE: 'sandbox-bridge.local/boxd:dev',
       POOL_NAME: pool,
       SANDBOX_NAMESPACE: ns,
       PORT: String(port),
-      METRICS_PORT: String(await freePort()),
+      METRICS_PORT: String(metricsPort),
       HOST: '127.0.0.1',
       LOG_LEVEL: 'warn',
       RATE_LIMIT_RPS: '100000',
@@ -112,7 +138,7 @@ async function startBridgeProcess(onSpawn?: (child: ChildProcess) => void): Prom
   const url = `http://127.0.0.1:${port}`;
   for (let i = 0; i < 600; i++) {
     const ok = await fetch(`${url}/api/v1/health`, { headers: { authorization: `Bearer ${token}` } }).then((r) => r.ok, () => false);
-    if (ok) return { child, url };
+    if (ok) return { child, url, metricsUrl: `http://127.0.0.1:${metricsPort}` };
     await new Promise((r) => setTimeout(r, 100));
   }
   throw new Error('bridge did not start');
@@ -140,7 +166,7 @@ async function createPods(count: number, nodeNames: string[]): Promise<void> {
             containers: [
               {
                 name: 'box',
-                image: 'sandbox-bridge/box:dev',
+                image: 'sandbox-bridge.local/box:dev',
                 resources: { limits: { cpu: '1m', memory: '1Mi' } },
                 securityContext: { allowPrivilegeEscalation: false, capabilities: { drop: ['ALL'] } },
               },
@@ -185,9 +211,143 @@ async function measureReads(url: string) {
   };
 }
 
+type Rows = Array<[string, string, string]>;
+const stats = (values: number[]) => ({ p50: percentile(values, 50), p99: percentile(values, 99), n: values.length });
+const pair = (s: { p50: number; p99: number }) => `${ms(s.p50)} / ${ms(s.p99)}`;
+
+/** Parts 1-4: everything inside boxes on the real node. */
+async function benchInBox(client: BridgeClient, bridgePid: number, metricsUrl: string, rows: Rows, results: Record<string, unknown>): Promise<void> {
+  // 1. exec round trip, bridge vs direct, interleaved
+  const box = await client.createBox({ sessionId: `bench-${id}`, cpu: 1, memory: 256 });
+  const command = 'echo hi';
+  for (let i = 0; i < 20; i++) {
+    await client.exec(box.box_id, { command });
+    await directExec(box.box_id, command);
+  }
+  const viaBridge: number[] = [];
+  const direct: number[] = [];
+  const hop: number[] = [];
+  for (let i = 0; i < EXEC_ROUNDS; i++) {
+    let t = performance.now();
+    await client.status(box.box_id); // an HTTP round trip to the bridge answered from its cache
+    hop.push(performance.now() - t);
+    t = performance.now();
+    const r = await client.exec(box.box_id, { command });
+    viaBridge.push(performance.now() - t);
+    if (r.stdout !== 'hi\n') throw new Error(`unexpected output ${JSON.stringify(r)}`);
+    t = performance.now();
+    const out = await directExec(box.box_id, command);
+    direct.push(performance.now() - t);
+    if (out !== 'hi\n') throw new Error(`unexpected direct output ${out}`);
+  }
+  const exec = { rounds: EXEC_ROUNDS, bridge: stats(viaBridge), direct: stats(direct), httpHop: stats(hop) };
+  results.exec = exec;
+  rows.push(['exec `echo hi`, direct client-node pods/exec p50 / p99', pair(exec.direct), '']);
+  rows.push(['exec `echo hi`, through the bridge and boxd p50 / p99', pair(exec.bridge), '<= 5 ms p50']);
+  rows.push(['bridge / direct, p50', `${(exec.bridge.p50 / exec.direct.p50).toFixed(3)}x`, '<= 0.1x']);
+  rows.push(['HTTP round trip to the bridge alone (GET status, from cache) p50 / p99', pair(exec.httpHop), '']);
+  log(`exec: bridge p50 ${ms(exec.bridge.p50)}, direct p50 ${ms(exec.direct.p50)}, HTTP hop p50 ${ms(exec.httpHop.p50)}`);
+
+  // 2. time to the first streamed byte, and to the end of the same command
+  const first: number[] = [];
+  const whole: number[] = [];
+  for (let i = 0; i < 50; i++) {
+    const t = performance.now();
+    for await (const e of client.execStream(box.box_id, { command: 'echo hi; sleep 0.1; echo bye' })) {
+      if (e.type === 'stdout' && first.length === whole.length) first.push(performance.now() - t);
+      if (e.type === 'exit') whole.push(performance.now() - t);
+    }
+  }
+  results.stream = { firstByte: stats(first), whole: stats(whole) };
+  rows.push(['streamed exec: time to first output byte p50 / p99', pair(stats(first)), '']);
+  rows.push(['streamed exec: whole command (prints, sleeps 100 ms, prints) p50 / p99', pair(stats(whole)), '']);
+
+  // 3. 10 MiB written and read back
+  const bytes = randomBytes(10 * 1024 * 1024);
+  const write: number[] = [];
+  const readRaw: number[] = [];
+  const readJson: number[] = [];
+  for (let i = 0; i < 10; i++) {
+    let t = performance.now();
+    const put = await fetch(`${client.url}/boxes/${box.box_id}/files?path=ten.bin`, {
+      method: 'PUT',
+      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/octet-stream' },
+      body: bytes,
+    });
+    if (!put.ok) throw new Error(`write failed: ${put.status} ${await put.text()}`);
+    write.push(performance.now() - t);
+    t = performance.now();
+    const raw = await client.downloadFile(box.box_id, 'ten.bin');
+    readRaw.push(performance.now() - t);
+    if (raw.length !== bytes.length) throw new Error('short read');
+    t = performance.now();
+    const json = await client.readFile(box.box_id, 'ten.bin');
+    readJson.push(performance.now() - t);
+    if (json.size !== bytes.length) throw new Error('short JSON read');
+  }
+  results.files = { write: stats(write), readRaw: stats(readRaw), readJson: stats(readJson) };
+  rows.push(['10 MiB write (PUT raw) p50', `${ms(stats(write).p50)} (${(10 / (stats(write).p50 / 1000)).toFixed(0)} MiB/s)`, '']);
+  rows.push(['10 MiB read (raw bytes) p50', `${ms(stats(readRaw).p50)} (${(10 / (stats(readRaw).p50 / 1000)).toFixed(0)} MiB/s)`, '']);
+  rows.push(['10 MiB read (JSON, base64 content) p50', ms(stats(readJson).p50), '']);
+  await client.deleteBox(box.box_id);
+
+  // 4. load: many boxes, each with its full share of concurrent execs, for a while
+  log(`load: creating ${LOAD_BOXES} boxes`);
+  const boxes = await Promise.all(
+    Array.from({ length: LOAD_BOXES }, (_, i) => client.createBox({ sessionId: `bench-load-${id}-${i}`, cpu: 0.03, memory: 64 })),
+  );
+  await Promise.all(boxes.map((b) => client.exec(b.box_id, { command: 'true' }, { timeoutMs: 300_000 })));
+  log(`load: ${LOAD_BOXES} boxes x ${LOAD_CONCURRENCY} concurrent execs for ${LOAD_SECONDS} s`);
+  const latencies: number[] = [];
+  const errors: string[] = [];
+  const cpuBefore = cpuSeconds(bridgePid);
+  const kubeBefore = await bridgeKubeRequests(metricsUrl);
+  const started = performance.now();
+  const deadline = started + LOAD_SECONDS * 1000;
+  await Promise.all(
+    boxes.flatMap((b) =>
+      Array.from({ length: LOAD_CONCURRENCY }, async () => {
+        while (performance.now() < deadline) {
+          const t = performance.now();
+          try {
+            const r = await client.exec(b.box_id, { command: 'echo hi' });
+            if (r.stdout !== 'hi\n') errors.push(`unexpected output ${JSON.stringify(r).slice(0, 100)}`);
+            latencies.push(performance.now() - t);
+          } catch (err) {
+            errors.push(String(err));
+          }
+        }
+      }),
+    ),
+  );
+  const seconds = (performance.now() - started) / 1000;
+  const cpu = cpuSeconds(bridgePid) - cpuBefore;
+  const kube = (await bridgeKubeRequests(metricsUrl)) - kubeBefore;
+  const load = {
+    boxes: LOAD_BOXES,
+    concurrency: LOAD_CONCURRENCY,
+    seconds,
+    execs: latencies.length,
+    errors: errors.length,
+    firstErrors: errors.slice(0, 5),
+    execsPerSecond: latencies.length / seconds,
+    latency: stats(latencies),
+    bridgeCpuMsPerExec: (cpu * 1000) / Math.max(1, latencies.length),
+    kubeRequestsPerExec: kube / Math.max(1, latencies.length),
+  };
+  results.load = load;
+  const where = `${LOAD_BOXES} boxes x ${LOAD_CONCURRENCY} concurrent, ${seconds.toFixed(0)} s`;
+  rows.push([`load (${where}): execs / errors`, `${load.execs} / ${load.errors}`, '0 errors']);
+  rows.push([`load: execs per second, latency p50 / p99`, `${load.execsPerSecond.toFixed(0)}/s, ${pair(load.latency)}`, '']);
+  rows.push(['load: bridge CPU per exec', `${load.bridgeCpuMsPerExec.toFixed(3)} ms`, '']);
+  rows.push(['load: Kubernetes API requests per exec (bridge metric)', load.kubeRequestsPerExec.toFixed(4), '0']);
+  if (errors.length) log(`load errors, first: ${errors.slice(0, 3).join(' | ')}`);
+  await Promise.all(boxes.map((b) => client.deleteBox(b.box_id).catch(() => undefined)));
+}
+
 async function main() {
   const results: Record<string, unknown> = { date: new Date().toISOString(), node: process.version, cores: (await import('node:os')).cpus().length };
-  const rows: Array<[string, string, string]> = [];
+  const rows: Rows = [];
 
   const realNodes = await core.listNode({ labelSelector: `${REAL_NODE_LABEL}=true` });
   const onRealNode = realNodes.items.length > 0;
@@ -199,6 +359,7 @@ async function main() {
       spec: {
         namespace: ns,
         maxBoxes: BOXES + 100,
+        maxExecsPerBox: LOAD_CONCURRENCY,
         box: onRealNode
           ? { nodeSelector: { [REAL_NODE_LABEL]: 'true' }, tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }] }
           : { nodeSelector: { type: 'kwok' } },
@@ -206,52 +367,18 @@ async function main() {
     },
   );
 
-  const { child, url } = await startBridgeProcess();
+  const { child, url, metricsUrl } = await startBridgeProcess();
   let second: ChildProcess | undefined;
   try {
     const client = createBridgeClient({ url, token, retries: 0 });
-
-    // 1. exec round trip, bridge vs direct, interleaved
-    const box = await client.createBox({ sessionId: `bench-${id}`, cpu: 1, memory: 256 });
-    const workdir = onRealNode ? '/workspace' : '/tmp';
-    const command = 'echo hi';
-    await client.exec(box.box_id, { command, workdir });
-    for (let i = 0; i < 10; i++) {
-      await client.exec(box.box_id, { command, workdir });
-      await directExec(box.box_id, `cd ${workdir} && ${command}`);
+    if (onRealNode) {
+      await benchInBox(client, child.pid!, metricsUrl, rows, results);
+    } else {
+      log('no real node: parts 1-4 (inside boxes) skipped');
+      rows.push(['exec, files, load (parts 1-4)', 'skipped: no real node', '']);
     }
-    const viaBridge: number[] = [];
-    const direct: number[] = [];
-    const hop: number[] = [];
-    for (let i = 0; i < EXEC_ROUNDS; i++) {
-      let t = performance.now();
-      await client.status(box.box_id); // an HTTP round trip to the bridge answered from its cache
-      hop.push(performance.now() - t);
-      t = performance.now();
-      const r = await client.exec(box.box_id, { command, workdir });
-      viaBridge.push(performance.now() - t);
-      if (r.stdout !== 'hi\n') throw new Error(`unexpected output ${JSON.stringify(r)}`);
-      t = performance.now();
-      const out = await directExec(box.box_id, `cd ${workdir} && ${command}`);
-      direct.push(performance.now() - t);
-      if (out !== 'hi\n') throw new Error(`unexpected direct output ${out}`);
-    }
-    const exec = {
-      node: onRealNode ? 'real node (containerd)' : 'simulated node (kwok, host exec)',
-      rounds: EXEC_ROUNDS,
-      bridge: { p50: percentile(viaBridge, 50), p99: percentile(viaBridge, 99) },
-      direct: { p50: percentile(direct, 50), p99: percentile(direct, 99) },
-      httpHop: { p50: percentile(hop, 50), p99: percentile(hop, 99) },
-    };
-    results.exec = exec;
-    rows.push(['exec round trip, direct client-node p50 / p99', `${ms(exec.direct.p50)} / ${ms(exec.direct.p99)}`, '']);
-    rows.push(['exec round trip, through the bridge p50 / p99', `${ms(exec.bridge.p50)} / ${ms(exec.bridge.p99)}`, '']);
-    rows.push(['HTTP round trip to the bridge alone (GET status, from cache) p50 / p99', `${ms(exec.httpHop.p50)} / ${ms(exec.httpHop.p99)}`, '']);
-    rows.push(['added by the bridge, p50 / p99', `${ms(exec.bridge.p50 - exec.direct.p50)} / ${ms(exec.bridge.p99 - exec.direct.p99)}`, '<= 1 ms p50']);
-    log(`exec: bridge p50 ${ms(exec.bridge.p50)}, direct p50 ${ms(exec.direct.p50)}, HTTP hop p50 ${ms(exec.httpHop.p50)} (${exec.node})`);
-    await client.deleteBox(box.box_id);
 
-    // 2. list and status with many boxes on many nodes
+    // 5. list and status with many boxes on many nodes
     if (SKIP_READS) return;
     log(`scaling to ${NODES} simulated nodes`);
     clusterUp(ROOT, ['--nodes', String(NODES)]);
