@@ -64,7 +64,7 @@ export interface BoxdFileEntry {
   name: string;
   type: 'file' | 'dir' | 'symlink' | 'other';
   size: number;
-  mode: string;
+  mode: number;
   modified: string;
 }
 
