@@ -281,12 +281,15 @@ type DeleteResult struct {
 	Deleted bool   `json:"deleted"`
 }
 
-// Delete removes p (a directory only when empty, or with recursive). p must not be, contain or
-// lie inside a protected directory (boxd's own mounts); "/" contains everything.
+// Delete removes p (a directory only when empty, or with recursive). p must not be /, nor be,
+// contain or lie inside a protected directory (boxd's own mounts).
 func Delete(p string, recursive bool, protected []string) (DeleteResult, error) {
 	p, err := Check(p)
 	if err != nil {
 		return DeleteResult{}, err
+	}
+	if p == "/" {
+		return DeleteResult{}, errs.Invalid("refusing to delete /")
 	}
 	for _, dir := range protected {
 		if within(p, dir) || within(dir, p) {

@@ -277,4 +277,3 @@ func TestExitedProcessesAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-

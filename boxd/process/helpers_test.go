@@ -84,7 +84,6 @@ func wantStatus(t *testing.T, err error, status int) {
 	}
 }
 
-
 // alive reports whether pid exists and is not a zombie.
 func alive(pid int) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
