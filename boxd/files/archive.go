@@ -68,7 +68,7 @@ func (a *Archive) WriteTo(w io.Writer, gz bool) error {
 }
 
 func addEntry(tw *tar.Writer, full, rel string, fi fs.FileInfo) error {
-	hdr := &tar.Header{Name: rel, Mode: int64(fi.Mode().Perm()), ModTime: fi.ModTime()}
+	hdr := &tar.Header{Name: rel, Mode: tarMode(fi.Mode()), ModTime: fi.ModTime()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		hdr.Uid, hdr.Gid = int(st.Uid), int(st.Gid)
 	}
@@ -242,7 +242,7 @@ func (x *extraction) entry(hdr *tar.Header, content io.Reader) error {
 	if err != nil {
 		return err
 	}
-	mode := fs.FileMode(hdr.Mode).Perm()
+	mode := fileMode(hdr.Mode)
 	if name == "." {
 		if hdr.Typeflag != tar.TypeDir {
 			return errs.Invalid("entry %q: only a directory may name the archive's root", hdr.Name)
@@ -482,4 +482,28 @@ func (x *extraction) applyDirModes(base string) error {
 		}
 	}
 	return nil
+}
+
+// tarMode and fileMode convert permission bits with setgid and sticky (a workspace under an
+// fsGroup has setgid directories); setuid is neither archived nor restored.
+func tarMode(m fs.FileMode) int64 {
+	bits := int64(m.Perm())
+	if m&fs.ModeSetgid != 0 {
+		bits |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		bits |= 0o1000
+	}
+	return bits
+}
+
+func fileMode(bits int64) fs.FileMode {
+	m := fs.FileMode(bits).Perm()
+	if bits&0o2000 != 0 {
+		m |= fs.ModeSetgid
+	}
+	if bits&0o1000 != 0 {
+		m |= fs.ModeSticky
+	}
+	return m
 }

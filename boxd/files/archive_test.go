@@ -38,8 +38,11 @@ func makeTree(t *testing.T, root string, n int) {
 			t.Fatal(err)
 		}
 	}
-	for _, d := range []string{"empty", "d1/private"} {
+	for d, mode := range map[string]fs.FileMode{"empty": 0o700, "d1/private": 0o700, "shared": 0o775 | fs.ModeSetgid, "drop": 0o777 | fs.ModeSticky} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(filepath.Join(root, d), mode); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -72,7 +75,7 @@ func snapshot(t *testing.T, root string) map[string]string {
 			target, _ := os.Readlink(p)
 			out[rel] = "link " + target
 		case fi.IsDir():
-			out[rel] = fmt.Sprintf("dir %o", fi.Mode().Perm())
+			out[rel] = fmt.Sprintf("dir %v", fi.Mode()&(fs.ModePerm|fs.ModeSetgid|fs.ModeSticky))
 		default:
 			b, err := os.ReadFile(p)
 			if err != nil {

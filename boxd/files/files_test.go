@@ -11,18 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"sandbox-bridge.io/boxd/errs"
+	"sandbox-bridge.io/boxd/internal/testkit"
 )
 
-func wantStatus(t *testing.T, err error, status int) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("want an error with status %d, got none", status)
-	}
-	if got := errs.As(err).Status; got != status {
-		t.Fatalf("status %d (%v), want %d", got, err, status)
-	}
-}
+var wantStatus = testkit.WantStatus
 
 func mustWrite(t *testing.T, path, content string) {
 	t.Helper()

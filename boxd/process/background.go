@@ -5,9 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -63,23 +61,12 @@ type Proc struct {
 
 // StartProcess starts req.Command as `sh -c` with a stdin pipe, keeping its output.
 func (m *Manager) StartProcess(req StartRequest) (Info, error) {
-	if strings.TrimSpace(req.Command) == "" {
-		return Info{}, errs.Invalid("command is required")
+	cwd, err := m.checkCommand(req.Command, req.Cwd, req.Env)
+	if err != nil {
+		return Info{}, err
 	}
 	if len(req.Tag) > 256 {
 		return Info{}, errs.Invalid("tag is longer than 256 bytes")
-	}
-	cwd := req.Cwd
-	if cwd == "" {
-		cwd = m.cfg.Workdir
-	}
-	if !filepath.IsAbs(cwd) || strings.IndexByte(cwd, 0) >= 0 {
-		return Info{}, errs.Invalid("cwd must be an absolute path")
-	}
-	for k, v := range req.Env {
-		if err := CheckVar(k, v); err != nil {
-			return Info{}, err
-		}
 	}
 	if msg := CheckDir(cwd); msg != "" {
 		return Info{}, errs.Invalid("%s", msg)
@@ -105,19 +92,10 @@ func (m *Manager) startProc(req StartRequest, cwd string) (Info, error) {
 	if err != nil {
 		return Info{}, errs.Internal("pipes: %v", err)
 	}
-	id := m.NewExecID()
-	child, err := m.Start(Spec{
-		Path:   m.shell,
-		Argv:   []string{"sh", "-c", req.Command},
-		Env:    m.Env.Build(req.Env, ExecIDVar+"="+id),
-		Dir:    cwd,
-		Files:  []*os.File{pp.stdinR, pp.stdoutW, pp.stderrW},
-		ExecID: id,
-	})
-	pp.closeChildEnds()
+	child, err := m.startShell(req.Command, cwd, req.Env, pp)
 	if err != nil {
 		pp.closeAll()
-		return Info{}, errs.Internal("start %s: %v", m.shell, err)
+		return Info{}, err
 	}
 	p := &Proc{
 		command: req.Command, tag: req.Tag, child: child, startedAt: time.Now().UTC(),

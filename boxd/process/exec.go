@@ -3,8 +3,6 @@ package process
 import (
 	"context"
 	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,23 +53,12 @@ type ExecOutput interface {
 // is reported like a failing command: a line on stderr and exit code 1. Errors (refusals) are
 // returned before anything is sent to out.
 func (m *Manager) Exec(ctx context.Context, req ExecRequest, out ExecOutput) (Exit, error) {
-	if strings.TrimSpace(req.Command) == "" {
-		return Exit{}, errs.Invalid("command is required")
+	cwd, err := m.checkCommand(req.Command, req.Cwd, req.Env)
+	if err != nil {
+		return Exit{}, err
 	}
 	if req.Timeout <= 0 {
 		return Exit{}, errs.Invalid("timeout_ms must be > 0")
-	}
-	cwd := req.Cwd
-	if cwd == "" {
-		cwd = m.cfg.Workdir
-	}
-	if !filepath.IsAbs(cwd) || strings.IndexByte(cwd, 0) >= 0 {
-		return Exit{}, errs.Invalid("cwd must be an absolute path")
-	}
-	for k, v := range req.Env {
-		if err := CheckVar(k, v); err != nil {
-			return Exit{}, err
-		}
 	}
 	limit := req.MaxOutputBytes
 	if limit <= 0 {
@@ -94,22 +81,9 @@ func (m *Manager) Exec(ctx context.Context, req ExecRequest, out ExecOutput) (Ex
 		return Exit{}, errs.Internal("pipes: %v", err)
 	}
 	defer p.closeAll()
-	stdin := m.devNull
-	if p.stdinR != nil {
-		stdin = p.stdinR
-	}
-	id := m.NewExecID()
-	child, err := m.Start(Spec{
-		Path:   m.shell,
-		Argv:   []string{"sh", "-c", req.Command},
-		Env:    m.Env.Build(req.Env, ExecIDVar+"="+id),
-		Dir:    cwd,
-		Files:  []*os.File{stdin, p.stdoutW, p.stderrW},
-		ExecID: id,
-	})
-	p.closeChildEnds()
+	child, err := m.startShell(req.Command, cwd, req.Env, p)
 	if err != nil {
-		return Exit{}, errs.Internal("start %s: %v", m.shell, err)
+		return Exit{}, err
 	}
 	defer m.Forget(child)
 	out.Started(child.Pid)

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"sandbox-bridge.io/boxd/errs"
 	"sandbox-bridge.io/boxd/frames"
+	"sandbox-bridge.io/boxd/internal/testkit"
 )
 
 func newManager(t *testing.T, cfg Config) *Manager {
@@ -74,44 +74,10 @@ func run(t *testing.T, m *Manager, req ExecRequest) (Exit, string, string) {
 	return res, stdout, stderr
 }
 
-func wantStatus(t *testing.T, err error, status int) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("want an error with status %d, got none", status)
-	}
-	if got := errs.As(err).Status; got != status {
-		t.Fatalf("status %d (%v), want %d", got, err, status)
-	}
-}
-
-// alive reports whether pid exists and is not a zombie.
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	state, _, ok := parseStat(b)
-	return ok && state != 'Z'
-}
-
-// gone waits until pid no longer exists at all (killed and reaped), failing after a while.
-func waitGone(t *testing.T, pid int, what string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); os.IsNotExist(err) {
-			return
-		}
-		if time.Now().After(deadline) {
-			state := "alive"
-			if !alive(pid) {
-				state = "a zombie nobody reaped"
-			}
-			t.Fatalf("%s (pid %d) is still there: %s", what, pid, state)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+var (
+	wantStatus = testkit.WantStatus
+	waitGone   = testkit.WaitGone
+)
 
 func readPid(t *testing.T, path string) int {
 	t.Helper()

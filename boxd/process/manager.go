@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -102,7 +104,7 @@ func (m *Manager) Start(s Spec) (*Child, error) {
 	}
 	c, err := Spawn(s)
 	if err != nil {
-		return nil, err
+		return nil, errs.Internal("start %s: %v", s.Path, err)
 	}
 	m.mu.Lock()
 	m.children[c] = true
@@ -115,6 +117,49 @@ func (m *Manager) Forget(c *Child) {
 	m.mu.Lock()
 	delete(m.children, c)
 	m.mu.Unlock()
+}
+
+// checkCommand validates what every `sh -c` command has (a command, an absolute cwd, valid env
+// names and values) and returns the cwd to use.
+func (m *Manager) checkCommand(command, cwd string, env map[string]string) (string, error) {
+	if strings.TrimSpace(command) == "" {
+		return "", errs.Invalid("command is required")
+	}
+	if cwd == "" {
+		cwd = m.cfg.Workdir
+	}
+	if !filepath.IsAbs(cwd) || strings.IndexByte(cwd, 0) >= 0 {
+		return "", errs.Invalid("cwd must be an absolute path")
+	}
+	for k, v := range env {
+		if err := CheckVar(k, v); err != nil {
+			return "", err
+		}
+	}
+	return cwd, nil
+}
+
+// startShell starts `sh -c command` on p's child ends (stdin /dev/null when p has none), marked
+// with a fresh exec id, and closes the child ends.
+func (m *Manager) startShell(command, cwd string, env map[string]string, p *pipes) (*Child, error) {
+	stdin := m.devNull
+	if p.stdinR != nil {
+		stdin = p.stdinR
+	}
+	id := m.NewExecID()
+	child, err := m.Start(Spec{
+		Path:   m.shell,
+		Argv:   []string{"sh", "-c", command},
+		Env:    m.Env.Build(env, ExecIDVar+"="+id),
+		Dir:    cwd,
+		Files:  []*os.File{stdin, p.stdoutW, p.stderrW},
+		ExecID: id,
+	})
+	p.closeChildEnds()
+	if err != nil {
+		return nil, errs.As(err)
+	}
+	return child, nil
 }
 
 // CheckDir returns "" when dir is an existing directory, else why not (for the user).

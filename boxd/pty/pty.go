@@ -149,7 +149,7 @@ func Start(m *process.Manager, req Request) (*Session, error) {
 	if err != nil {
 		_ = master.Close()
 		m.ReleaseLive()
-		return nil, errs.Internal("start %s: %v", path, err)
+		return nil, err
 	}
 	return &Session{m: m, master: master, child: child, began: time.Now()}, nil
 }

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"sandbox-bridge.io/boxd/errs"
 	"sandbox-bridge.io/boxd/frames"
+	"sandbox-bridge.io/boxd/internal/testkit"
 	"sandbox-bridge.io/boxd/process"
 )
 
@@ -157,16 +157,7 @@ func TestDroppedConnectionKillsTheTerminal(t *testing.T) {
 	tm.mu.Unlock()
 	tm.conn.Close()
 	for _, pid := range []int{shell, bg} {
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); os.IsNotExist(err) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("pid %d survived the dropped connection", pid)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		testkit.WaitGone(t, pid, "a process of the dropped terminal")
 	}
 }
 
@@ -177,12 +168,9 @@ func TestTerminalsCountAgainstTheProcessLimit(t *testing.T) {
 	}
 	open(t, m, Request{Cols: 80, Rows: 24, Command: "sleep 100", MaxProcesses: 2})
 	_, err := Start(m, Request{Cols: 80, Rows: 24, Command: "sleep 100", MaxProcesses: 2})
-	if err == nil || errs.As(err).Status != http.StatusTooManyRequests {
-		t.Fatalf("third: %v", err)
-	}
+	testkit.WantStatus(t, err, http.StatusTooManyRequests)
 	for _, req := range []Request{{Cols: 0, Rows: 24}, {Cols: 80, Rows: 24, Cwd: "/nonexistent-dir"}, {Cols: 80, Rows: 24, Cwd: "relative"}} {
-		if _, err := Start(m, req); err == nil || errs.As(err).Status != http.StatusBadRequest {
-			t.Fatalf("%+v: %v", req, err)
-		}
+		_, err := Start(m, req)
+		testkit.WantStatus(t, err, http.StatusBadRequest)
 	}
 }

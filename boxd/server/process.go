@@ -149,7 +149,10 @@ func (s *server) getProcess(w http.ResponseWriter, r *http.Request) {
 }
 
 // processStream sends a process's output as frames; flushed before waiting for more.
-type processStream struct{ *frameStream }
+type processStream struct {
+	*frameStream
+	procs *process.Manager
+}
 
 func (o processStream) Start(offset, dropped int64) error {
 	o.start()
@@ -157,8 +160,14 @@ func (o processStream) Start(offset, dropped int64) error {
 }
 
 func (o processStream) Output(c process.Chunk) error { return o.fw.Write(c.Stream, c.Data) }
-func (o processStream) Exit(e process.Exit) error    { return o.fw.WriteJSON(frames.Exit, e) }
 func (o processStream) Flush() error                 { return o.fw.Flush() }
+
+func (o processStream) Exit(e process.Exit) error {
+	if o.procs.ShuttingDown() {
+		return o.fw.WriteJSON(frames.Error, shuttingDown)
+	}
+	return o.fw.WriteJSON(frames.Exit, e)
+}
 
 func (s *server) processOutput(w http.ResponseWriter, r *http.Request) {
 	p, err := s.Procs.Process(r.PathValue("id"))
@@ -172,7 +181,7 @@ func (s *server) processOutput(w http.ResponseWriter, r *http.Request) {
 		writeError(w, q.err)
 		return
 	}
-	out := processStream{newFrameStream(w)}
+	out := processStream{newFrameStream(w), s.Procs}
 	if err := p.Stream(r.Context(), since, follow, out); err == nil {
 		_ = out.fw.Flush()
 	}

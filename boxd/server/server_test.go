@@ -24,6 +24,7 @@ import (
 
 	"sandbox-bridge.io/boxd/auth"
 	"sandbox-bridge.io/boxd/frames"
+	"sandbox-bridge.io/boxd/internal/testkit"
 	"sandbox-bridge.io/boxd/process"
 )
 
@@ -275,21 +276,7 @@ func TestExecClientDisconnectKills(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	waitGone(t, pid)
-}
-
-func waitGone(t *testing.T, pid int) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); os.IsNotExist(err) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pid %d is still there", pid)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitGone(t, pid, "the command")
 }
 
 func TestConcurrencyCapOverHTTP(t *testing.T) {
@@ -564,5 +551,26 @@ func TestRequestLog(t *testing.T) {
 	first := strings.SplitN(logs, "\n", 2)[0]
 	if err := json.Unmarshal([]byte(first), &line); err != nil || line.Route != "POST /v1/exec" || line.Status != 200 || line.DurationMs == nil {
 		t.Fatalf("%s: %+v %v", first, line, err)
+	}
+}
+
+func TestShutdownEndsStreamsWithAnErrorFrame(t *testing.T) {
+	b := newBox(t)
+	var info process.Info
+	decode(t, b.do("POST", "/v1/processes", jsonBody(map[string]any{"command": "sleep 100"})), 201, &info)
+	follow := b.do("GET", "/v1/processes/"+info.ProcessID+"/output?follow=true", nil)
+	defer follow.Body.Close()
+	exec := b.do("POST", "/v1/exec", jsonBody(map[string]any{"command": "sleep 100", "timeout_ms": 60000}))
+	defer exec.Body.Close()
+	fr := frames.NewReader(exec.Body)
+	if typ, _, err := fr.Next(); err != nil || typ != frames.Start {
+		t.Fatalf("%d %v", typ, err)
+	}
+	b.procs.Shutdown()
+	for name, body := range map[string]io.Reader{"exec": exec.Body, "process output": follow.Body} {
+		r := collect(t, readFrames(t, body))
+		if r.sawExit || !strings.Contains(r.errorFrame, "shutting down") {
+			t.Fatalf("%s: %+v", name, r)
+		}
 	}
 }
