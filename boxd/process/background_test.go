@@ -277,3 +277,52 @@ func TestExitedProcessesAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// blockingStream holds the first output until released, so the process can run ahead of it.
+type blockingStream struct {
+	stream
+	once    sync.Once
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (s *blockingStream) Output(c Chunk) error {
+	s.once.Do(func() {
+		close(s.held)
+		<-s.release
+	})
+	return s.stream.Output(c)
+}
+
+// A follower that falls so far behind that its next output was evicted gets another start
+// frame saying where it resumes, so the offsets it counts stay right.
+func TestSlowFollowerIsToldWhatItMissed(t *testing.T) {
+	child := &Child{done: make(chan struct{})}
+	p := &Proc{id: "p-test", child: child, stdinMu: make(chan struct{}, 1), out: ring{limit: 1000}}
+	p.append(frames.Stdout, []byte(strings.Repeat("a", 100)))
+
+	s := &blockingStream{held: make(chan struct{}), release: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() { done <- p.Stream(context.Background(), 0, true, s) }()
+	<-s.held // it holds bytes 0-99; now 5000 more arrive, far beyond what is kept
+	for i := 0; i < 50; i++ {
+		p.append(frames.Stdout, []byte(strings.Repeat("b", 100)))
+	}
+	close(s.release)
+	eventually(t, "the follower to catch up", func() bool { return strings.HasSuffix(s.text(), "b") && len(s.text()) >= 100+900 })
+
+	child.finish(0)
+	p.finish()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.starts) != 2 || s.starts[0] != [2]int64{0, 0} {
+		t.Fatalf("starts %v", s.starts)
+	}
+	resumed, skipped := s.starts[1][0], s.starts[1][1]
+	if resumed != p.out.start || skipped != resumed-100 || int64(s.data.Len()) != 100+(5100-resumed) || s.exit == nil {
+		t.Fatalf("resumed at %d after skipping %d; got %d bytes; ring starts at %d; exit %v", resumed, skipped, s.data.Len(), p.out.start, s.exit)
+	}
+}
