@@ -2,6 +2,8 @@
 # One image, both programs:
 #   bridge   (default)  docker run IMAGE                          -> node dist/bridge/main.js
 #   operator            docker run IMAGE dist/operator/main.js    (the chart sets args)
+# and, as a separate target, the in-box agent that box pods' init container copies in:
+#   boxd                docker build --target boxd -t IMAGE-boxd .  (scratch: only /boxd)
 # Node 24 LTS. Runs as uid/gid 65534 and writes nothing, so it works with a read-only root
 # filesystem. No init (tini): node is PID 1 and both programs handle SIGTERM themselves
 # (graceful shutdown, exit 0) and start no child processes, so there is nothing to reap.
@@ -28,6 +30,19 @@ COPY package.json package-lock.json ./
 RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund \
  && test ! -e node_modules/node \
  && npm cache clean --force
+
+# --- boxd: the in-box agent, one static Go binary (boxd/build.sh: CGO off, stripped) ----------
+FROM golang:1.26-bookworm AS boxd-build
+WORKDIR /src/boxd
+COPY boxd ./
+ARG BOXD_VERSION=dev
+RUN BOXD_VERSION=${BOXD_VERSION} GOTOOLCHAIN=local ./build.sh /out
+
+# Nothing but the binary; the init container runs `/boxd install <emptyDir>` as 65534.
+FROM scratch AS boxd
+COPY --from=boxd-build /out/boxd /boxd
+USER 65534:65534
+ENTRYPOINT ["/boxd"]
 
 # --- runtime: distroless Node 24 (no shell, no package manager) ------------------------------
 FROM gcr.io/distroless/nodejs24-debian12 AS runtime

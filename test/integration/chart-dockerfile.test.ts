@@ -1,6 +1,7 @@
 // No Docker engine runs here, so the image's properties are checked on the Dockerfile itself:
 // multi-stage, Node 24, production dependencies only, both entry points, uid 65534, nothing that
-// needs a writable root filesystem, and programs that exit cleanly on SIGTERM as PID 1.
+// needs a writable root filesystem, and programs that exit cleanly on SIGTERM as PID 1. The
+// separate boxd target: a static Go binary alone in a scratch image.
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { spawnSync } from 'node:child_process';
@@ -48,8 +49,9 @@ const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as {
 };
 
 test('multi-stage on Node 24: npm ci and the build in the builder, production deps in their own stage', () => {
-  expect(stages.length).toBeGreaterThanOrEqual(3);
-  for (const s of stages) expect(s.from).toMatch(/node(js)?:?24|nodejs24/);
+  // The default (last) stage is the bridge/operator runtime, never the boxd target.
+  expect(runtime.name).toBe('runtime');
+  for (const s of [stage('build'), stage('deps'), runtime]) expect(s.from).toMatch(/node(js)?:?24|nodejs24/);
   const build = stage('build');
   expect(runs(build)).toMatch(/\bnpm ci\b/);
   expect(runs(build)).toMatch(/\bnpm run build\b/);
@@ -68,6 +70,29 @@ test('the runtime stage copies node_modules only from the production-deps stage,
   // No sources, no build context wholesale.
   expect(copies.some((c) => /^\.\s|\s\.\s*$/.test(c) && !c.startsWith('--from'))).toBe(false);
   expect(runtime.instructions.filter((i) => i.op === 'RUN')).toEqual([]); // distroless: no shell
+});
+
+test('the boxd target: a static Go build, then scratch holding only /boxd, run as 65534', () => {
+  const boxd = stage('boxd');
+  expect(boxd.from).toBe('scratch');
+  const copies = boxd.instructions.filter((i) => i.op === 'COPY').map((i) => i.args);
+  expect(copies).toHaveLength(1);
+  const [, builder] = /^--from=(\S+)\s+\S+\s+\/boxd$/.exec(copies[0]!) ?? [];
+  expect(builder).toBeDefined();
+  expect(boxd.instructions.filter((i) => i.op === 'RUN')).toEqual([]);
+  expect(boxd.instructions.filter((i) => i.op === 'USER').at(-1)?.args).toBe('65534:65534');
+  expect(JSON.parse(boxd.instructions.find((i) => i.op === 'ENTRYPOINT')!.args)).toEqual(['/boxd']);
+
+  // Built by boxd/build.sh (the same script the local cluster's image uses): static and stripped,
+  // on a Go at least as new as go.mod asks for.
+  const build = stage(builder!);
+  expect(runs(build)).toMatch(/\.\/build\.sh \/out\b/);
+  const script = readFileSync(join(ROOT, 'boxd/build.sh'), 'utf8');
+  for (const flag of [/CGO_ENABLED=0/, /-trimpath/, /-ldflags "-s -w /]) expect(script).toMatch(flag);
+  const [, goMin] = /^go (\d+\.\d+)/m.exec(readFileSync(join(ROOT, 'boxd/go.mod'), 'utf8')) ?? [];
+  const [, goImage] = /^golang:(\d+\.\d+)/.exec(build.from) ?? [];
+  const minor = (v: string) => Number(v.split('.')[1]);
+  expect(minor(goImage!)).toBeGreaterThanOrEqual(minor(goMin!));
 });
 
 test('runs as 65534; default command is the bridge, the operator is an argument away', () => {

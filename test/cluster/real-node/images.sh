@@ -9,6 +9,8 @@
 #   sandbox-bridge/box:dev         busybox-static (sh + every applet), /workspace, /tmp, user 65534
 #                                  (also named docker.io/sandbox-bridge/box:dev, the name CRI
 #                                  normalizes "sandbox-bridge/box:dev" to)
+#   sandbox-bridge.local/boxd:dev  scratch with only the static /boxd (boxd/build.sh), user 65534;
+#                                  box pods' init container runs `/boxd install` from it
 # Tarballs are cached under ~/.cache/sandbox-bridge/images/ by a hash of their inputs, so a rerun
 # only re-imports (and skips that too when containerd already has the same digest).
 set -euo pipefail
@@ -26,7 +28,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --build-only) build_only=true; shift ;;
     --address) address=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "images.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -121,7 +123,7 @@ if ! "$busybox" --list >/dev/null 2>&1 || ldd "$busybox" >/dev/null 2>&1; then
   log "ERROR: $busybox is not a static busybox: install the busybox-static package"
   exit 1
 fi
-box_key=$( { sha256sum "$busybox"; sed -n '/^# --- box/,/^# --- import/p' "$0"; \
+box_key=$( { sha256sum "$busybox"; sed -n '/^# --- box /,/^# --- boxd/p' "$0"; \
   declare -f make_image tar_layer; echo "$BOX_IMAGES"; } | sha256sum | cut -c1-16)
 box_tar=$cache/box-$box_key.tar
 if [ ! -f "$box_tar" ]; then
@@ -161,8 +163,25 @@ else
   log "box image cached: $box_tar"
 fi
 
+# --- boxd ----------------------------------------------------------------------------------------
+# Rebuilt when boxd's sources or the Go version change (tests do not go into the binary).
+BOXD_IMAGE=${BOXD_IMAGE:-sandbox-bridge.local/boxd:dev}
+boxd_key=$( { (cd "$root/boxd" && find . -type f \( -name '*.go' -o -name go.mod -o -name build.sh \) \
+  ! -name '*_test.go' -print0 | sort -z | xargs -0 sha256sum); go version; \
+  sed -n '/^# --- boxd/,/^# --- import/p' "$0"; declare -f make_image tar_layer; echo "$BOXD_IMAGE"; } |
+  sha256sum | cut -c1-16)
+boxd_tar=$cache/boxd-$boxd_key.tar
+if [ ! -f "$boxd_tar" ]; then
+  work=$(mktemp -d)
+  "$root/boxd/build.sh" "$work/rootfs"
+  make_image "$boxd_tar" "$work/rootfs" '{"User": "65534:65534", "Entrypoint": ["/boxd"]}' "$BOXD_IMAGE"
+  rm -rf "$work"
+else
+  log "boxd image cached: $boxd_tar"
+fi
+
 # --- import --------------------------------------------------------------------------------------
-$build_only && { printf '%s\n%s\n' "$pause_tar" "$box_tar"; exit 0; }
+$build_only && { printf '%s\n' "$pause_tar" "$box_tar" "$boxd_tar"; exit 0; }
 [ -S "$address" ] || { log "containerd socket $address not found (start it with up.sh, or pass --build-only)"; exit 1; }
 ctr=(ctr --address "$address" -n k8s.io)
 import() { # TARBALL NAME...
@@ -182,3 +201,4 @@ import() { # TARBALL NAME...
 import "$pause_tar" "$PAUSE_IMAGE"
 # shellcheck disable=SC2086
 import "$box_tar" $BOX_IMAGES
+import "$boxd_tar" "$BOXD_IMAGE"

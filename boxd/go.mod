@@ -1,0 +1,3 @@
+module sandbox-bridge.io/boxd
+
+go 1.25.0

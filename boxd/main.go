@@ -1,0 +1,193 @@
+// boxd is the in-box agent of sandbox-bridge: PID 1 of every box container, serving the
+// protocol in PROTOCOL.md on one port. This file only wires the packages together.
+//
+//	boxd [serve]         serve (configuration from the environment, see config)
+//	boxd install DEST    copy this executable to DEST (a file path, or an existing directory)
+//	boxd version
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"sandbox-bridge.io/boxd/auth"
+	"sandbox-bridge.io/boxd/process"
+	"sandbox-bridge.io/boxd/server"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+type config struct {
+	port        int
+	secretDir   string
+	workdir     string
+	outputBytes int64
+}
+
+func loadConfig() (config, error) {
+	c := config{
+		port:        envInt("BOXD_PORT", 7771),
+		secretDir:   envStr("BOXD_SECRET_DIR", "/opt/sandbox-bridge/secret"),
+		workdir:     envStr("BOXD_WORKDIR", "/workspace"),
+		outputBytes: int64(envInt("BOXD_PROCESS_OUTPUT_BYTES", 4<<20)),
+	}
+	if c.port <= 0 || c.port > 65535 {
+		return c, fmt.Errorf("BOXD_PORT must be a port number")
+	}
+	if c.outputBytes <= 0 {
+		return c, fmt.Errorf("BOXD_PROCESS_OUTPUT_BYTES must be a positive number of bytes")
+	}
+	return c, nil
+}
+
+func envStr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func main() {
+	cmd, args := "serve", os.Args[1:]
+	if len(args) > 0 {
+		cmd, args = args[0], args[1:]
+	}
+	var err error
+	switch {
+	case cmd == "serve" && len(args) == 0:
+		err = serve()
+	case cmd == "install" && len(args) == 1:
+		err = install(args[0])
+	case cmd == "version" && len(args) == 0:
+		fmt.Println(version)
+	default:
+		fmt.Fprintln(os.Stderr, "usage: boxd [serve] | boxd install DEST | boxd version")
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "boxd: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// install copies this executable to dest (mode 0555; into dest/boxd when dest is a directory),
+// creating the directory. The init container runs it to fill the box's emptyDir.
+func install(dest string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if fi, err := os.Stat(dest); err == nil && fi.IsDir() {
+		dest = filepath.Join(dest, "boxd")
+	}
+	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
+		return err
+	}
+	src, err := os.Open(self)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dest), ".boxd-install-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = io.Copy(tmp, src)
+	if err == nil {
+		err = tmp.Chmod(0o555)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), dest)
+	}
+	if err == nil {
+		fmt.Fprintf(os.Stderr, "boxd %s installed to %s\n", version, dest)
+	}
+	return err
+}
+
+func serve() error {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	cfg, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	checker, err := auth.Load(cfg.secretDir)
+	if err != nil {
+		return fmt.Errorf("refusing to serve without a credential: %w", err)
+	}
+	env := process.NewEnv(os.Environ())
+	if err := env.LoadFile(filepath.Join(cfg.secretDir, "env")); err != nil {
+		return fmt.Errorf("box env: %w", err)
+	}
+	procs, err := process.NewManager(process.Config{Workdir: cfg.workdir, OutputBytes: cfg.outputBytes}, env)
+	if err != nil {
+		return err
+	}
+	protected := []string{cfg.secretDir}
+	if self, err := os.Executable(); err == nil {
+		protected = append(protected, filepath.Dir(self))
+	}
+
+	ln, err := net.Listen("tcp", ":"+strconv.Itoa(cfg.port))
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler: server.New(server.Config{
+			Version: version, StartedAt: time.Now(), Auth: checker, Procs: procs, Protected: protected, Log: log,
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	log.Info("boxd serving", "version", version, "port", cfg.port, "pid1", os.Getpid() == 1,
+		"workdir", cfg.workdir, "box_env_vars", env.Count())
+
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case sig := <-stop:
+		// The box is going away: every process dies now (as PID 1: everything in the
+		// container), running streams end with an error frame, then boxd exits 0.
+		log.Info("boxd stopping", "signal", sig.String())
+		procs.Shutdown()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			log.Warn("shutdown", "error", err.Error())
+		}
+		return nil
+	}
+}

@@ -1,0 +1,576 @@
+package server
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"sandbox-bridge.io/boxd/auth"
+	"sandbox-bridge.io/boxd/frames"
+	"sandbox-bridge.io/boxd/internal/testkit"
+	"sandbox-bridge.io/boxd/process"
+)
+
+const token = "test-token"
+
+type box struct {
+	t       *testing.T
+	url     string
+	workdir string
+	secret  string
+	procs   *process.Manager
+	logs    *bytes.Buffer
+	logMu   *sync.Mutex
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// newBox serves boxd on a real listener with real processes.
+func newBox(t *testing.T) *box {
+	t.Helper()
+	secret := t.TempDir()
+	if err := os.WriteFile(filepath.Join(secret, auth.TokenFile), []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	checker, err := auth.Load(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	workdir := t.TempDir()
+	procs, err := process.NewManager(process.Config{Workdir: workdir}, process.NewEnv(os.Environ()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs, mu := &bytes.Buffer{}, &sync.Mutex{}
+	srv := httptest.NewServer(New(Config{
+		Version: "test", StartedAt: time.Now(), Auth: checker, Procs: procs, Protected: []string{secret},
+		Log: slog.New(slog.NewJSONHandler(lockedWriter{mu, logs}, nil)),
+	}))
+	t.Cleanup(func() {
+		procs.Shutdown()
+		srv.Close()
+	})
+	return &box{t: t, url: srv.URL, workdir: workdir, secret: secret, procs: procs, logs: logs, logMu: mu}
+}
+
+func (b *box) do(method, path string, body io.Reader, headers ...string) *http.Response {
+	b.t.Helper()
+	return b.doCtx(context.Background(), method, path, body, headers...)
+}
+
+func (b *box) doCtx(ctx context.Context, method, path string, body io.Reader, headers ...string) *http.Response {
+	b.t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, b.url+path, body)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	req.Header.Set(auth.Header, token)
+	for i := 0; i+1 < len(headers); i += 2 {
+		if headers[i+1] == "" {
+			req.Header.Del(headers[i])
+		} else {
+			req.Header.Set(headers[i], headers[i+1])
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return resp
+}
+
+func jsonBody(v any) io.Reader {
+	b, _ := json.Marshal(v)
+	return bytes.NewReader(b)
+}
+
+// decode reads a JSON answer and checks its status.
+func decode(t *testing.T, resp *http.Response, status int, v any) {
+	t.Helper()
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != status {
+		t.Fatalf("status %d, want %d: %s", resp.StatusCode, status, b)
+	}
+	if v != nil {
+		if err := json.Unmarshal(b, v); err != nil {
+			t.Fatalf("%v: %s", err, b)
+		}
+	}
+}
+
+// wantError checks a JSON error answer.
+func wantError(t *testing.T, resp *http.Response, status int, typ string) string {
+	t.Helper()
+	var body struct {
+		Error struct{ Type, Message string }
+	}
+	decode(t, resp, status, &body)
+	if body.Error.Type != typ || body.Error.Message == "" || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("error %+v (%s), want type %s", body.Error, resp.Header.Get("Content-Type"), typ)
+	}
+	return body.Error.Message
+}
+
+type frame struct {
+	typ     byte
+	payload []byte
+}
+
+func readFrames(t *testing.T, r io.Reader) []frame {
+	t.Helper()
+	var out []frame
+	fr := frames.NewReader(r)
+	for {
+		typ, p, err := fr.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, frame{typ, append([]byte(nil), p...)})
+	}
+}
+
+type execResult struct {
+	pid            int
+	stdout, stderr string
+	exit           process.Exit
+	sawExit        bool
+	errorFrame     string
+}
+
+func collect(t *testing.T, fs []frame) execResult {
+	t.Helper()
+	var r execResult
+	for _, f := range fs {
+		switch f.typ {
+		case frames.Start:
+			var s struct{ Pid int }
+			_ = json.Unmarshal(f.payload, &s)
+			r.pid = s.Pid
+		case frames.Stdout:
+			r.stdout += string(f.payload)
+		case frames.Stderr:
+			r.stderr += string(f.payload)
+		case frames.Exit:
+			r.sawExit = true
+			if err := json.Unmarshal(f.payload, &r.exit); err != nil {
+				t.Fatal(err)
+			}
+		case frames.Error:
+			r.errorFrame = string(f.payload)
+		}
+	}
+	return r
+}
+
+func (b *box) exec(req map[string]any) execResult {
+	b.t.Helper()
+	if _, ok := req["timeout_ms"]; !ok {
+		req["timeout_ms"] = 20000
+	}
+	resp := b.do("POST", "/v1/exec", jsonBody(req))
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != frames.ContentType {
+		body, _ := io.ReadAll(resp.Body)
+		b.t.Fatalf("exec: %d %s", resp.StatusCode, body)
+	}
+	r := collect(b.t, readFrames(b.t, resp.Body))
+	if !r.sawExit {
+		b.t.Fatalf("no exit frame: %+v", r)
+	}
+	return r
+}
+
+func TestAuth(t *testing.T) {
+	b := newBox(t)
+	var health map[string]string
+	decode(t, b.do("GET", "/v1/health", nil, auth.Header, ""), 200, &health)
+	if health["status"] != "ok" || health["version"] != "test" || health["started_at"] == "" {
+		t.Fatalf("%v", health)
+	}
+	for _, tok := range []string{"", "wrong", token + "x"} {
+		resp := b.do("POST", "/v1/exec", jsonBody(map[string]any{"command": "true", "timeout_ms": 1000}), auth.Header, tok)
+		wantError(t, resp, 401, "unauthorized")
+		resp = b.do("GET", "/v1/files/list?path=/", nil, auth.Header, tok)
+		wantError(t, resp, 401, "unauthorized")
+	}
+	wantError(t, b.do("GET", "/v1/nope", nil), 404, "not_found")
+	wantError(t, b.do("GET", "/v1/exec", nil), 404, "not_found")
+}
+
+func TestExecOverHTTP(t *testing.T) {
+	b := newBox(t)
+	r := b.exec(map[string]any{"command": "echo hi; echo err >&2; exit 3"})
+	if r.pid <= 0 || r.stdout != "hi\n" || r.stderr != "err\n" || r.exit.ExitCode != 3 || r.exit.StdoutBytes != 3 {
+		t.Fatalf("%+v", r)
+	}
+	r = b.exec(map[string]any{
+		"command": "cat; echo \" $GREETING\"", "stdin": base64.StdEncoding.EncodeToString([]byte("in")),
+		"env": map[string]string{"GREETING": "hello"},
+	})
+	if r.stdout != "in hello\n" || r.exit.ExitCode != 0 {
+		t.Fatalf("stdin and env: %+v", r)
+	}
+	r = b.exec(map[string]any{"command": "true", "cwd": "/nonexistent-dir"})
+	if r.exit.ExitCode != 1 || !strings.Contains(r.stderr, "/nonexistent-dir") {
+		t.Fatalf("missing cwd: %+v", r)
+	}
+	r = b.exec(map[string]any{"command": "sleep 10", "timeout_ms": 200})
+	if r.exit.ExitCode != 124 || !r.exit.TimedOut {
+		t.Fatalf("timeout: %+v", r)
+	}
+	r = b.exec(map[string]any{"command": "yes | head -c 5000", "max_output_bytes": 100})
+	if len(r.stdout) != 100 || !r.exit.StdoutTruncated {
+		t.Fatalf("cap: %d bytes %+v", len(r.stdout), r.exit)
+	}
+
+	wantError(t, b.do("POST", "/v1/exec", strings.NewReader("{")), 400, "invalid_request")
+	wantError(t, b.do("POST", "/v1/exec", jsonBody(map[string]any{"command": "true"})), 400, "invalid_request")
+	wantError(t, b.do("POST", "/v1/exec", jsonBody(map[string]any{"command": "true", "timeout_ms": 100, "stdin": "!!"})), 400, "invalid_request")
+	wantError(t, b.do("POST", "/v1/exec", bytes.NewReader(make([]byte, 2<<20))), 413, "payload_too_large")
+}
+
+func TestExecClientDisconnectKills(t *testing.T) {
+	b := newBox(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	resp := b.doCtx(ctx, "POST", "/v1/exec", jsonBody(map[string]any{"command": "echo $$; exec sleep 100", "timeout_ms": 60000}))
+	fr := frames.NewReader(resp.Body)
+	var pid int
+	for pid == 0 {
+		typ, p, err := fr.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if typ == frames.Stdout {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(p)))
+		}
+	}
+	cancel()
+	resp.Body.Close()
+	testkit.WaitGone(t, pid, "the command")
+}
+
+func TestConcurrencyCapOverHTTP(t *testing.T) {
+	b := newBox(t)
+	var wg sync.WaitGroup
+	statuses := make(chan int, 6)
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := b.do("POST", "/v1/exec", jsonBody(map[string]any{"command": "sleep 2", "timeout_ms": 60000, "max_concurrent": 5}))
+			if resp.StatusCode == 429 && resp.Header.Get("Retry-After") == "" {
+				t.Error("429 without Retry-After")
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			statuses <- resp.StatusCode
+		}()
+	}
+	wg.Wait()
+	close(statuses)
+	count := map[int]int{}
+	for s := range statuses {
+		count[s]++
+	}
+	if count[200] != 5 || count[429] != 1 {
+		t.Fatalf("statuses %v", count)
+	}
+}
+
+func TestEnvOverHTTP(t *testing.T) {
+	b := newBox(t)
+	var res struct{ Count int }
+	decode(t, b.do("POST", "/v1/env", jsonBody(map[string]any{"set": map[string]string{"A": "1", "B": "two words"}})), 200, &res)
+	if res.Count != 2 {
+		t.Fatalf("%+v", res)
+	}
+	wantError(t, b.do("POST", "/v1/env", jsonBody(map[string]any{"set": map[string]string{"C": "3", "bad-name": "x"}})), 400, "invalid_request")
+	decode(t, b.do("POST", "/v1/env", jsonBody(map[string]any{"set": map[string]string{"A": "one"}})), 200, &res)
+	if res.Count != 2 {
+		t.Fatalf("C was set by the refused call: %+v", res)
+	}
+	if r := b.exec(map[string]any{"command": `echo "$A|$B|${C:-unset}"`}); r.stdout != "one|two words|unset\n" {
+		t.Fatalf("%q", r.stdout)
+	}
+}
+
+func TestProcessesOverHTTP(t *testing.T) {
+	b := newBox(t)
+	var info process.Info
+	decode(t, b.do("POST", "/v1/processes", jsonBody(map[string]any{"command": "echo ready; read line; echo got $line; exit 4", "tag": "srv"})), 201, &info)
+	if info.Status != "running" || info.Tag != "srv" || info.ProcessID == "" {
+		t.Fatalf("%+v", info)
+	}
+	id := info.ProcessID
+
+	// A follower started now sees everything up to the exit.
+	followed := make(chan execResult, 1)
+	go func() {
+		resp := b.do("GET", "/v1/processes/"+id+"/output?follow=true", nil)
+		defer resp.Body.Close()
+		followed <- collect(t, readFrames(t, resp.Body))
+	}()
+
+	var list struct{ Processes []process.Info }
+	decode(t, b.do("GET", "/v1/processes", nil), 200, &list)
+	if len(list.Processes) != 1 || list.Processes[0].ProcessID != id {
+		t.Fatalf("%+v", list)
+	}
+	var written struct{ Written int }
+	decode(t, b.do("POST", "/v1/processes/"+id+"/stdin?eof=true", strings.NewReader("hello\n")), 200, &written)
+	if written.Written != 6 {
+		t.Fatalf("%+v", written)
+	}
+	select {
+	case r := <-followed:
+		if r.stdout != "ready\ngot hello\n" || !r.sawExit || r.exit.ExitCode != 4 {
+			t.Fatalf("followed: %+v", r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the follower did not end")
+	}
+
+	// Replay from an offset; the start frame says where it starts.
+	resp := b.do("GET", "/v1/processes/"+id+"/output?since=6", nil)
+	fs := readFrames(t, resp.Body)
+	resp.Body.Close()
+	if fs[0].typ != frames.Start || string(fs[0].payload) != `{"dropped":0,"offset":6}` {
+		t.Fatalf("start frame %d %s", fs[0].typ, fs[0].payload)
+	}
+	if r := collect(t, fs); r.stdout != "got hello\n" || r.exit.ExitCode != 4 {
+		t.Fatalf("replay: %+v", r)
+	}
+
+	decode(t, b.do("GET", "/v1/processes/"+id, nil), 200, &info)
+	if info.Status != "exited" || *info.ExitCode != 4 {
+		t.Fatalf("%+v", info)
+	}
+	wantError(t, b.do("POST", "/v1/processes/"+id+"/stdin", strings.NewReader("x")), 409, "conflict")
+	wantError(t, b.do("POST", "/v1/processes/"+id+"/signal", jsonBody(map[string]string{"signal": "TERM"})), 409, "conflict")
+	wantError(t, b.do("GET", "/v1/processes/p-999", nil), 404, "not_found")
+	wantError(t, b.do("GET", "/v1/processes/p-999/output", nil), 404, "not_found")
+	wantError(t, b.do("GET", "/v1/processes/"+id+"/output?since=-1", nil), 400, "invalid_request")
+
+	decode(t, b.do("POST", "/v1/processes", jsonBody(map[string]any{"command": "sleep 100"})), 201, &info)
+	decode(t, b.do("POST", "/v1/processes/"+info.ProcessID+"/signal", jsonBody(map[string]string{"signal": "KILL"})), 200, &info)
+	wantError(t, b.do("POST", "/v1/processes/"+info.ProcessID+"/signal", jsonBody(map[string]string{"signal": "NOPE"})), 400, "invalid_request")
+	for deadline := time.Now().Add(5 * time.Second); info.Status != "exited"; {
+		if time.Now().After(deadline) {
+			t.Fatal("the killed process did not exit")
+		}
+		time.Sleep(10 * time.Millisecond)
+		decode(t, b.do("GET", "/v1/processes/"+info.ProcessID, nil), 200, &info)
+	}
+	decode(t, b.do("POST", "/v1/processes", jsonBody(map[string]any{"command": "sleep 100", "max_processes": 1})), 201, &info)
+	wantError(t, b.do("POST", "/v1/processes", jsonBody(map[string]any{"command": "sleep 100", "max_processes": 1})), 429, "rate_limited")
+}
+
+func TestFilesOverHTTP(t *testing.T) {
+	b := newBox(t)
+	p := filepath.Join(b.workdir, "dir", "f.bin")
+	content := bytes.Repeat([]byte{0, 1, 2, 255}, 1000)
+	var w struct {
+		Path string
+		Size int
+	}
+	decode(t, b.do("PUT", "/v1/files?mode=600&path="+url.QueryEscape(p), bytes.NewReader(content)), 200, &w)
+	if w.Path != p || w.Size != len(content) {
+		t.Fatalf("%+v", w)
+	}
+	resp := b.do("GET", "/v1/files?path="+url.QueryEscape(p), nil)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Equal(got, content) || resp.ContentLength != int64(len(content)) {
+		t.Fatalf("read back: %d, %d bytes", resp.StatusCode, len(got))
+	}
+	wantError(t, b.do("GET", "/v1/files?max_bytes=10&path="+url.QueryEscape(p), nil), 413, "payload_too_large")
+	wantError(t, b.do("PUT", "/v1/files?max_bytes=10&path="+url.QueryEscape(p), bytes.NewReader(content)), 413, "payload_too_large")
+	wantError(t, b.do("GET", "/v1/files?path=relative", nil), 400, "invalid_request")
+	wantError(t, b.do("GET", "/v1/files?path="+url.QueryEscape(b.workdir), nil), 400, "invalid_request")
+	wantError(t, b.do("GET", "/v1/files?path="+url.QueryEscape(b.workdir+"/missing"), nil), 404, "not_found")
+	wantError(t, b.do("PUT", "/v1/files?mode=999&path="+url.QueryEscape(p), strings.NewReader("x")), 400, "invalid_request")
+
+	var l struct {
+		Entries   []struct{ Name, Type string }
+		Truncated bool
+	}
+	decode(t, b.do("GET", "/v1/files/list?recursive=true&path="+url.QueryEscape(b.workdir), nil), 200, &l)
+	if len(l.Entries) != 2 || l.Entries[0].Name != "dir" || l.Entries[1].Name != "f.bin" || l.Truncated {
+		t.Fatalf("%+v", l)
+	}
+	wantError(t, b.do("GET", "/v1/files/list?limit=0&path=/", nil), 400, "invalid_request")
+
+	wantError(t, b.do("DELETE", "/v1/files?path="+url.QueryEscape(filepath.Dir(p)), nil), 409, "conflict")
+	wantError(t, b.do("DELETE", "/v1/files?recursive=true&path="+url.QueryEscape(b.secret), nil), 400, "invalid_request")
+	wantError(t, b.do("DELETE", "/v1/files?recursive=true&path=/", nil), 400, "invalid_request")
+	var d struct {
+		Deleted bool
+	}
+	decode(t, b.do("DELETE", "/v1/files?recursive=true&path="+url.QueryEscape(filepath.Dir(p)), nil), 200, &d)
+	if !d.Deleted {
+		t.Fatal("not deleted")
+	}
+	wantError(t, b.do("DELETE", "/v1/files?path="+url.QueryEscape(filepath.Dir(p)), nil), 404, "not_found")
+}
+
+func TestArchivesOverHTTP(t *testing.T) {
+	b := newBox(t)
+	src := filepath.Join(b.workdir, "src")
+	for i := 0; i < 50; i++ {
+		if err := os.MkdirAll(filepath.Join(src, fmt.Sprint(i%5)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(src, fmt.Sprint(i%5), fmt.Sprint(i)), []byte(strings.Repeat("z", i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp := b.do("GET", "/v1/archive?gzip=true&path="+url.QueryEscape(src), nil)
+	tgz, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/gzip" {
+		t.Fatalf("%d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	dst := filepath.Join(b.workdir, "dst")
+	var res struct {
+		Entries, Bytes int
+	}
+	decode(t, b.do("PUT", "/v1/archive?path="+url.QueryEscape(dst), bytes.NewReader(tgz)), 200, &res)
+	if res.Entries != 55 || res.Bytes != 49*50/2 {
+		t.Fatalf("%+v", res)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "4", "49")); err != nil || len(b) != 49 {
+		t.Fatalf("%d %v", len(b), err)
+	}
+
+	var evil bytes.Buffer
+	tw := tar.NewWriter(&evil)
+	_ = tw.WriteHeader(&tar.Header{Name: "../escape", Typeflag: tar.TypeReg, Mode: 0o644})
+	_ = tw.Close()
+	wantError(t, b.do("PUT", "/v1/archive?path="+url.QueryEscape(dst), &evil), 400, "invalid_request")
+	wantError(t, b.do("PUT", "/v1/archive?max_entries=3&path="+url.QueryEscape(dst), bytes.NewReader(tgz)), 413, "payload_too_large")
+	wantError(t, b.do("GET", "/v1/archive?path="+url.QueryEscape(b.workdir+"/missing"), nil), 404, "not_found")
+}
+
+func TestPTYOverHTTP(t *testing.T) {
+	b := newBox(t)
+	wantError(t, b.do("GET", "/v1/pty", nil), 400, "invalid_request")
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(b.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	q := url.Values{"cols": {"100"}, "rows": {"30"}, "command": {"stty size; read x; echo got:$x"}}
+	fmt.Fprintf(conn, "GET /v1/pty?%s HTTP/1.1\r\nHost: boxd\r\nConnection: Upgrade\r\nUpgrade: boxd-frames\r\n%s: %s\r\n\r\n", q.Encode(), auth.Header, token)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 101 || resp.Header.Get("Upgrade") != "boxd-frames" {
+		t.Fatalf("%d %v", resp.StatusCode, resp.Header)
+	}
+	fw := frames.NewWriter(conn, nil)
+	fr := frames.NewReader(br)
+	var out strings.Builder
+	var exit *process.Exit
+	sent := false
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	for exit == nil {
+		typ, p, err := fr.Next()
+		if err != nil {
+			t.Fatalf("%v; output so far %q", err, out.String())
+		}
+		switch typ {
+		case frames.Stdout:
+			out.Write(p)
+			if !sent && strings.Contains(out.String(), "30 100") {
+				sent = true
+				_ = fw.Write(frames.Stdin, []byte("typed\r"))
+			}
+		case frames.Exit:
+			exit = &process.Exit{}
+			_ = json.Unmarshal(p, exit)
+		}
+	}
+	if !strings.Contains(out.String(), "got:typed") || exit.ExitCode != 0 {
+		t.Fatalf("output %q exit %+v", out.String(), exit)
+	}
+	if _, _, err := fr.Next(); err != io.EOF {
+		t.Fatalf("after exit: %v, want the connection closed", err)
+	}
+}
+
+func TestRequestLog(t *testing.T) {
+	b := newBox(t)
+	b.exec(map[string]any{"command": "echo secret-output", "env": map[string]string{"SECRET": "env-value"}})
+	wantError(t, b.do("GET", "/v1/files?path=/secret-path", nil, auth.Header, "bad"), 401, "unauthorized")
+	b.logMu.Lock()
+	logs := b.logs.String()
+	b.logMu.Unlock()
+	for _, leak := range []string{"secret-output", "env-value", "secret-path", token} {
+		if strings.Contains(logs, leak) {
+			t.Fatalf("the log holds %q:\n%s", leak, logs)
+		}
+	}
+	var line struct {
+		Msg, Route string
+		Status     int
+		DurationMs *float64 `json:"duration_ms"`
+	}
+	first := strings.SplitN(logs, "\n", 2)[0]
+	if err := json.Unmarshal([]byte(first), &line); err != nil || line.Route != "POST /v1/exec" || line.Status != 200 || line.DurationMs == nil {
+		t.Fatalf("%s: %+v %v", first, line, err)
+	}
+}
+
+func TestShutdownEndsStreamsWithAnErrorFrame(t *testing.T) {
+	b := newBox(t)
+	var info process.Info
+	decode(t, b.do("POST", "/v1/processes", jsonBody(map[string]any{"command": "sleep 100"})), 201, &info)
+	follow := b.do("GET", "/v1/processes/"+info.ProcessID+"/output?follow=true", nil)
+	defer follow.Body.Close()
+	exec := b.do("POST", "/v1/exec", jsonBody(map[string]any{"command": "sleep 100", "timeout_ms": 60000}))
+	defer exec.Body.Close()
+	fr := frames.NewReader(exec.Body)
+	if typ, _, err := fr.Next(); err != nil || typ != frames.Start {
+		t.Fatalf("%d %v", typ, err)
+	}
+	b.procs.Shutdown()
+	for name, body := range map[string]io.Reader{"exec": exec.Body, "process output": follow.Body} {
+		r := collect(t, readFrames(t, body))
+		if r.sawExit || !strings.Contains(r.errorFrame, "shutting down") {
+			t.Fatalf("%s: %+v", name, r)
+		}
+	}
+}
