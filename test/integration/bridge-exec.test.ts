@@ -2,14 +2,13 @@
 // the local cluster's real node: exec (whole and streamed), env, files, archives, background
 // processes, terminals, and the limits and failure modes of each.
 import { createHash, randomBytes } from 'node:crypto';
+import { request as httpRequest } from 'node:http';
 import * as k8s from '@kubernetes/client-node';
 import { BOXD_PORT } from '../../common/boxd.js';
-import { withDefaults } from '../../common/pool.js';
 import type { RunningBridge } from '../../bridge/server.js';
 import { createBridgeClient, type BridgeClient, type OutputEvent } from '../../client/index.js';
-import { TEST_TOKEN, api, startTestBridge, testPolicy } from '../support/bridge.js';
+import { ON_REAL_NODE, TEST_TOKEN, api, startTestBridge, testPolicy } from '../support/bridge.js';
 import {
-  REAL_NODE_LABEL,
   createTestNamespace,
   deleteTestNamespace,
   execInPod,
@@ -20,20 +19,13 @@ import {
   waitFor,
 } from '../support/cluster.js';
 import { tarOf } from '../support/tar.js';
+import { TcpProxy } from '../support/tcp-proxy.js';
 
 const kc = testKubeConfig();
 const core = kc.makeApiClient(k8s.CoreV1Api);
 const realNode = await realNodeAvailable(kc);
 if (!realNode.available) console.warn(`SKIPPED bridge exec/files/env tests on a real node: ${realNode.reason}`);
 const suite = realNode.available ? describe : describe.skip;
-
-const ON_REAL_NODE = {
-  box: {
-    ...withDefaults({ namespace: '' }).box,
-    nodeSelector: { [REAL_NODE_LABEL]: 'true' },
-    tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists' as const, effect: 'NoSchedule' as const }],
-  },
-};
 
 const sha256 = (b: Buffer | Uint8Array) => createHash('sha256').update(b).digest('hex');
 
@@ -353,11 +345,24 @@ suite('inside a real box, through boxd', () => {
       expect(await term.exited).toBe(5);
     });
 
-    test('without a token the upgrade is refused', async () => {
-      const res = await fetch(`${bridgeA.url}/api/v1/boxes/${box}/pty`, {
-        headers: { connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-version': '13', 'sec-websocket-key': randomBytes(16).toString('base64') },
-      });
-      expect(res.status).toBe(401);
+    test('without a token, or with a wrong one, the upgrade is refused with the JSON error', async () => {
+      for (const auth of [{}, { authorization: 'Bearer wrong-token-0123456789' }]) {
+        const refused = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+          const req = httpRequest(`${bridgeA.url}/api/v1/boxes/${box}/pty`, {
+            headers: { connection: 'Upgrade', upgrade: 'websocket', 'sec-websocket-version': '13', 'sec-websocket-key': randomBytes(16).toString('base64'), ...auth },
+          });
+          req.on('upgrade', () => reject(new Error('upgraded without a valid token')));
+          req.on('response', (res) => {
+            let body = '';
+            res.on('data', (d: Buffer) => (body += d.toString()));
+            res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+          });
+          req.on('error', reject);
+          req.end();
+        });
+        expect(refused.status).toBe(401);
+        expect(JSON.parse(refused.body).error.type).toBe('unauthorized');
+      }
     });
   });
 
@@ -368,20 +373,44 @@ suite('inside a real box, through boxd', () => {
     await waitFor('the intruder to run', async () => ((await core.readNamespacedPod({ name: 'intruder', namespace })).status?.phase === 'Running' ? true : undefined), {
       timeoutMs: 60_000,
     });
-    const attempt = (token: string) =>
-      execInPod(kc, namespace, 'intruder', 'box', [
-        'sh',
-        '-c',
-        `wget -q -T 3 -O- --header 'X-Boxd-Token: ${token}' --header 'Content-Type: application/json' --post-data '{"command":"touch /workspace/pwned","cwd":"/workspace","timeout_ms":5000,"max_output_bytes":100,"max_concurrent":5}' http://${ip}:${BOXD_PORT}/v1/exec; echo "exit=$?"`,
-      ]);
+    const body = JSON.stringify({ command: 'touch /workspace/pwned', cwd: '/workspace', timeout_ms: 5000, max_output_bytes: 100, max_concurrent: 5 });
+    const attempt = (token: string) => {
+      const request = `POST /v1/exec HTTP/1.0\r\nX-Boxd-Token: ${token}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`;
+      return execInPod(kc, namespace, 'intruder', 'box', ['sh', '-c', `printf '%s' "$1" | nc -w 3 ${ip} ${BOXD_PORT}; echo "exit=$?"`, 'sh', request]);
+    };
     for (const token of ['', 'f'.repeat(64)]) {
       const out = await attempt(token);
-      // Either the NetworkPolicy keeps it from connecting, or boxd refuses it (401): never exit=0.
-      expect(out.stdout + out.stderr).toMatch(/exit=[1-9]/);
-      expect(out.stdout + out.stderr).toMatch(/401|Unauthorized|timed out|refused|unreachable/i);
+      // Either the NetworkPolicy keeps it from connecting, or boxd refuses it with 401.
+      const answer = out.stdout + out.stderr;
+      if (/HTTP\/1\.\d/.test(answer)) expect(answer).toMatch(/^HTTP\/1\.\d 401/m);
+      else expect(answer).toMatch(/exit=[1-9]/);
     }
     expect((await exec('ls /workspace/pwned 2>&1 || true')).json.stdout).toMatch(/No such file/);
   }, 120_000);
+
+  test('commands keep running while the Kubernetes API is unreachable: the data path does not use it', async () => {
+    const proxy = TcpProxy.forApiServer(kc);
+    await proxy.start();
+    try {
+      const cut = await startTestBridge(proxy.kubeConfig(kc), testPolicy(namespace, ON_REAL_NODE), { KUBE_TIMEOUT_MS: '1500' });
+      try {
+        const viaCut = api(cut);
+        await waitFor('the box in the new replica\'s cache', async () => ((await viaCut('GET', `/boxes/${box}/status`)).status === 200 ? true : undefined));
+        proxy.set('blackhole');
+        const started = Date.now();
+        const res = await viaCut('POST', `/boxes/${box}/exec`, { command: 'echo still here' });
+        expect(res.status).toBe(200);
+        expect(res.json.stdout).toBe('still here\n');
+        expect(Date.now() - started).toBeLessThan(1000);
+        const created = await viaCut('POST', '/boxes', { sessionId: 'while-cut' });
+        expect(created.status).toBe(503); // the control plane, by contrast, needs the API server
+      } finally {
+        await cut.close();
+      }
+    } finally {
+      await proxy.stop();
+    }
+  }, 60_000);
 
   test('a box deleted mid-command ends the request at once instead of hanging', async () => {
     const other = await call('POST', '/boxes', { sessionId: 'exec-delete', cpu: 0.2, memory: 64 });

@@ -63,6 +63,15 @@ export function api(bridge: RunningBridge, token = TEST_TOKEN) {
   };
 }
 
+/** Box placement on the local cluster's real node (test/cluster/real-node/), where boxd runs. */
+export const ON_REAL_NODE: Partial<SandboxPoolSpec> & { box: SandboxPoolSpec['box'] } = {
+  box: {
+    ...withDefaults({ namespace: '' }).box,
+    nodeSelector: { 'sandbox-bridge.io/real-node': 'true' },
+    tolerations: [{ key: 'sandbox-bridge.io/real-node', operator: 'Exists', effect: 'NoSchedule' }],
+  },
+};
+
 /** Box placement on kwok's simulated nodes. */
 export const ON_SIMULATED_NODES: Partial<SandboxPoolSpec> = {
   box: { ...withDefaults({ namespace: '' }).box, nodeSelector: { type: 'kwok' } },
