@@ -136,7 +136,7 @@ test('everything the compiled programs import is a production dependency', () =>
 test('nothing writes to the root filesystem: the chart mounts a read-only root with only /tmp writable', () => {
   const spec = template().one('Deployment', 'rel-sandbox-bridge-bridge').spec.template.spec;
   expect(spec.containers[0].securityContext.readOnlyRootFilesystem).toBe(true);
-  expect(spec.containers[0].volumeMounts.map((m: { mountPath: string }) => m.mountPath).sort()).toEqual(['/tmp', '/var/run/secrets/sandbox-bridge']);
+  expect(spec.containers[0].volumeMounts.map((m: { mountPath: string }) => m.mountPath).sort()).toEqual(['/tmp', '/var/run/secrets/sandbox-bridge', '/var/run/secrets/sandbox-bridge-boxd']);
 });
 
 test('.dockerignore keeps node_modules, dist, the cluster and tests out of the build context', () => {

@@ -2,13 +2,12 @@
 // the API server, the chart's pods pass `restricted` Pod Security, and the bridge, run with a
 // token of the chart's own ServiceAccount (so with exactly the chart's RBAC), serves a whole box
 // lifecycle. Removing one verb from the Role turns the matching call into the documented 403.
-import { rmSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import { pino } from 'pino';
 import { boxSecretName } from '../../common/labels.js';
 import { startBridge, type RunningBridge } from '../../bridge/server.js';
-import { TEST_TOKEN, api, testConfig } from '../support/bridge.js';
+import { ON_REAL_NODE, TEST_TOKEN, api, testConfig } from '../support/bridge.js';
 import { testKubeConfig, waitFor } from '../support/cluster.js';
 import { installCrd } from '../support/operator.js';
 import { TOKEN, helm, parseDocs, withValuesFile, CHART, type Doc } from '../chart/helm.js';
@@ -50,8 +49,14 @@ beforeAll(async () => {
     secret: { token: TOKEN },
     rbac: { targetNamespace: sandboxNs },
     pool: { name: poolName },
-    // Boxes on kwok's simulated nodes; the local box image.
-    box: { defaultImage: 'sandbox-bridge/box:dev', defaultCpu: '100m', defaultMemory: '64Mi', nodeSelector: { type: 'kwok' } },
+    // Boxes on the real node (boxd runs there), with the local box image.
+    box: {
+      defaultImage: 'sandbox-bridge/box:dev',
+      defaultCpu: '100m',
+      defaultMemory: '64Mi',
+      nodeSelector: ON_REAL_NODE.box.nodeSelector,
+      tolerations: ON_REAL_NODE.box.tolerations,
+    },
     nodeSelector: { type: 'kwok' },
     operator: { nodeSelector: { type: 'kwok' } },
   };
@@ -93,7 +98,7 @@ test('every object helm rendered is on the API server', async () => {
     [
       'ClusterRole', 'ClusterRole', 'ClusterRoleBinding', 'ClusterRoleBinding', 'Deployment', 'Deployment', 'Namespace',
       'NetworkPolicy', 'NetworkPolicy', 'PodDisruptionBudget', 'PodDisruptionBudget', 'Role', 'Role', 'Role',
-      'RoleBinding', 'RoleBinding', 'RoleBinding', 'SandboxPool', 'Secret', 'Service', 'Service', 'Service',
+      'RoleBinding', 'RoleBinding', 'RoleBinding', 'SandboxPool', 'Secret', 'Secret', 'Service', 'Service', 'Service',
       'ServiceAccount', 'ServiceAccount',
     ].sort(),
   );
@@ -178,18 +183,13 @@ test('the bridge, with only the chart RBAC, serves a whole box lifecycle; a miss
   expect(env.status).toBe(200);
   expect(env.json.env_count).toBe(2);
 
-  const exec = await call('POST', `/boxes/${boxId}/exec`, { command: 'pwd; echo "$GREETING $TARGET"', workdir: '/tmp' });
+  const exec = await call('POST', `/boxes/${boxId}/exec`, { command: 'pwd; echo "$GREETING $TARGET"' });
   expect(exec.status).toBe(200);
-  expect(exec.json).toMatchObject({ exit_code: 0, stdout: '/tmp\nhello chart\n' });
+  expect(exec.json).toMatchObject({ exit_code: 0, stdout: '/workspace\nhello chart\n' });
 
-  const file = `/tmp/chart-${id}.txt`;
-  try {
-    expect((await call('PUT', `/boxes/${boxId}/files?path=${encodeURIComponent(file)}`, 'chart file', { 'content-type': 'text/plain' })).status).toBe(200);
-    const read = await call('GET', `/boxes/${boxId}/files?path=${encodeURIComponent(file)}`);
-    expect(read.json).toMatchObject({ content: 'chart file', encoding: 'text' });
-  } finally {
-    rmSync(file, { force: true }); // kwok runs exec on this host
-  }
+  expect((await call('PUT', `/boxes/${boxId}/files?path=chart.txt`, 'chart file', { 'content-type': 'text/plain' })).status).toBe(200);
+  const read = await call('GET', `/boxes/${boxId}/files?path=chart.txt`);
+  expect(read.json).toMatchObject({ content: 'chart file', encoding: 'text' });
   expect((await call('GET', `/sandboxes/${boxId}/logs?tailLines=5`)).status).toBe(200);
   expect((await call('GET', '/sandboxes/metrics')).status).toBe(200);
 

@@ -108,8 +108,7 @@ describe('token', () => {
 
   test('secret.token: the chart creates the Secret, mounts it as a file, and rolls pods when it changes', () => {
     const out = template();
-    const secret = out.one('Secret');
-    expect(secret.metadata.name).toBe('rel-sandbox-bridge-token');
+    const secret = out.one('Secret', 'rel-sandbox-bridge-token');
     expect(Buffer.from(secret.data.token, 'base64').toString()).toBe(TOKEN);
     const dep = out.one('Deployment', BRIDGE);
     expect(env(dep).BRIDGE_TOKEN_FILE).toBe('/var/run/secrets/sandbox-bridge/token');
@@ -129,11 +128,38 @@ describe('token', () => {
   test('secret.existingSecret: no Secret rendered; the pods mount the named one under tokenKey', () => {
     const out = template({ secret: { existingSecret: 'my-token', tokenKey: 'bridge-token' } });
     expect(out.status).toBe(0);
-    expect(out.all('Secret')).toHaveLength(0);
+    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key']);
     const dep = out.one('Deployment', BRIDGE);
     const volume = dep.spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'token');
     expect(volume.secret).toMatchObject({ secretName: 'my-token', items: [{ key: 'bridge-token', path: 'token' }] });
     expect(dep.spec.template.metadata.annotations?.['checksum/token']).toBeUndefined();
+  });
+});
+
+describe('boxd', () => {
+  test('the image defaults to the chart version; the bridge reads the key from a mounted Secret', () => {
+    const out = template({ secret: { token: TOKEN }, boxd: { image: { repository: 'registry.example.com/boxd' } } });
+    const dep = out.one('Deployment', BRIDGE);
+    expect(env(dep).BOXD_IMAGE).toMatch(/^registry\.example\.com\/boxd:\d+\.\d+\.\d+/);
+    expect(env(dep).BOXD_KEY_FILE).toBe('/var/run/secrets/sandbox-bridge-boxd/key');
+    const volume = dep.spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'boxd-key');
+    expect(volume.secret).toMatchObject({ secretName: 'rel-sandbox-bridge-boxd-key', items: [{ key: 'key', path: 'key' }] });
+    const generated = Buffer.from(out.one('Secret', 'rel-sandbox-bridge-boxd-key').data.key, 'base64').toString();
+    expect(generated).toMatch(/^[A-Za-z0-9]{64}$/);
+    expect(env(template({ secret: { token: TOKEN }, boxd: { image: { repository: 'r/boxd', digest: `sha256:${'a'.repeat(64)}` } } }).one('Deployment', BRIDGE)).BOXD_IMAGE).toBe(
+      `r/boxd@sha256:${'a'.repeat(64)}`,
+    );
+  });
+
+  test('a given key is used as is; a short one fails; an existing Secret is mounted under its key', () => {
+    const key = 'k'.repeat(40);
+    expect(Buffer.from(template({ secret: { token: TOKEN }, boxd: { key } }).one('Secret', 'rel-sandbox-bridge-boxd-key').data.key, 'base64').toString()).toBe(key);
+    const short = template({ secret: { token: TOKEN }, boxd: { key: 'too-short' } });
+    expect(short.status).not.toBe(0);
+    const existing = template({ secret: { token: TOKEN }, boxd: { existingSecret: 'my-boxd', secretKey: 'hmac' } });
+    expect(existing.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-token']);
+    const volume = existing.one('Deployment', BRIDGE).spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'boxd-key');
+    expect(volume.secret).toMatchObject({ secretName: 'my-boxd', items: [{ key: 'hmac', path: 'key' }] });
   });
 });
 
