@@ -5,7 +5,9 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"sandbox-bridge.io/boxd/errs"
 	"sandbox-bridge.io/boxd/frames"
@@ -239,8 +241,10 @@ func (r *readers) finished() {
 	}
 }
 
-// finishOutput waits, after the command exited, until its output is read to the end; if
-// something it left behind still holds the pipes open after grace, boxd stops reading.
+// finishOutput waits, after the command exited, until its output is read to the end. If
+// something it left behind still holds the pipes open, boxd stops reading once grace has passed
+// and nothing is left unread in them: output already written is never dropped, however slowly
+// the readers get the CPU (a box at its CPU limit runs boxd slowly too).
 func finishOutput(r *readers, grace time.Duration, readEnds ...*os.File) {
 	select {
 	case <-r.done:
@@ -251,10 +255,37 @@ func finishOutput(r *readers, grace time.Duration, readEnds ...*os.File) {
 	defer t.Stop()
 	select {
 	case <-r.done:
+		return
 	case <-t.C:
-		for _, f := range readEnds {
-			_ = f.Close()
-		}
-		<-r.done
 	}
+	// Bounded, so a leftover that keeps writing cannot hold the exec open forever.
+	for deadline := time.Now().Add(50 * grace); unread(readEnds) && time.Now().Before(deadline); {
+		select {
+		case <-r.done:
+			return
+		case <-time.After(grace / 10):
+		}
+	}
+	for _, f := range readEnds {
+		_ = f.Close()
+	}
+	<-r.done
+}
+
+// unread reports whether any of the pipes still holds bytes nobody has read.
+func unread(files []*os.File) bool {
+	for _, f := range files {
+		conn, err := f.SyscallConn()
+		if err != nil {
+			continue
+		}
+		var n int32
+		_ = conn.Control(func(fd uintptr) {
+			_, _, _ = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCINQ, uintptr(unsafe.Pointer(&n)))
+		})
+		if n > 0 {
+			return true
+		}
+	}
+	return false
 }
