@@ -156,6 +156,33 @@ test('create, inspect, list and delete a box', async () => {
   expect((await call('DELETE', `/boxes/${id}`)).status).toBe(404);
 });
 
+test('a box made before boxd (no agent) is listed and deleted as usual; in-box routes say to create a new one', async () => {
+  const name = 'box-legacy00000-0';
+  await core.createNamespacedPod({
+    namespace,
+    body: {
+      metadata: { name, labels: { [LABELS.box]: 'true', [LABELS.session]: sessionHash('legacy') }, annotations: { [ANNOTATIONS.sessionId]: 'legacy' } },
+      spec: {
+        nodeSelector: { type: 'kwok' },
+        automountServiceAccountToken: false,
+        securityContext: { runAsNonRoot: true, runAsUser: 65534, seccompProfile: { type: 'RuntimeDefault' } },
+        containers: [{ name: 'box', image: 'old', securityContext: { allowPrivilegeEscalation: false, capabilities: { drop: ['ALL'] } } }],
+      },
+    },
+  });
+  await waitFor('the legacy box in the cache', async () => ((await call('GET', `/boxes/${name}/status`)).status === 200 ? true : undefined));
+  for (const [method, path, body] of [
+    ['POST', '/exec', { command: 'true' }],
+    ['POST', '/env', { envVars: { A: '1' } }],
+    ['GET', '/files?path=x', undefined],
+    ['GET', '/processes', undefined],
+  ] as const) {
+    const res = await call(method, `/boxes/${name}${path}`, body);
+    expect([path, res.status, res.json.error.message]).toEqual([path, 409, expect.stringMatching(/older bridge without the in-box agent; create a new box/)]);
+  }
+  expect((await call('DELETE', `/boxes/${name}`)).status).toBe(200);
+});
+
 test('an Idempotency-Key makes a retried create return the same box', async () => {
   const key = { 'idempotency-key': `key-${Date.now()}` };
   const first = await call('POST', '/boxes', { sessionId: 'idempotent' }, key);
