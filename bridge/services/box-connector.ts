@@ -23,8 +23,8 @@ export interface BoxConnectorDeps {
 const LOST_BOX_WAIT_MS = 10_000;
 /** Between health probes of a box whose pod has an IP but whose boxd does not listen yet. */
 const PROBE_INTERVAL_MS = 25;
-/** Boxes known to answer, by pod name -> uid; bounded so a replica's memory does not grow with churn. */
-const READY_CACHE_SIZE = 50_000;
+/** Boxes known to answer, and credentials derived, by pod name; bounded so memory does not grow with churn. */
+const CACHE_SIZE = 50_000;
 
 export interface BoxCall {
   pod: k8s.V1Pod;
@@ -34,7 +34,10 @@ export interface BoxCall {
 }
 
 export class BoxConnector {
+  /** pod name -> uid of the pod seen answering. */
   private readonly ready = new Map<string, string>();
+  /** pod name -> the credential of the pod with that uid (an HMAC per call costs ~3% of an exec). */
+  private readonly tokens = new Map<string, { uid: string; token: string }>();
 
   constructor(private readonly deps: BoxConnectorDeps) {}
 
@@ -69,10 +72,15 @@ export class BoxConnector {
     }
   }
 
-  /** Streams need the box's signal to outlive call(): same as call, but fn's result owns cleanup. */
-  target(pod: k8s.V1Pod): BoxdTarget {
-    const { name, uid } = pod.metadata!;
-    return { box: name!, ip: pod.status!.podIP!, token: boxdToken(this.deps.key, this.deps.namespace, name!, uid!) };
+  private target(pod: k8s.V1Pod): BoxdTarget {
+    const name = pod.metadata!.name!;
+    const uid = pod.metadata!.uid!;
+    let cached = this.tokens.get(name);
+    if (cached?.uid !== uid) {
+      cached = { uid, token: boxdToken(this.deps.key, this.deps.namespace, name, uid) };
+      remember(this.tokens, name, cached);
+    }
+    return { box: name, ip: pod.status!.podIP!, token: cached.token };
   }
 
   /** The live pod once its boxd answers; fast when this replica has seen it answer before. */
@@ -95,7 +103,7 @@ export class BoxConnector {
       const live = await this.waitForIp(name, remaining);
       try {
         await this.deps.boxd.health(this.target(live), AbortSignal.any([signal, AbortSignal.timeout(Math.min(remaining, 2000))]));
-        this.remember(name, live.metadata!.uid!);
+        remember(this.ready, name, live.metadata!.uid!);
         return live;
       } catch (err) {
         if (signal.aborted) throw signal.reason;
@@ -117,10 +125,12 @@ export class BoxConnector {
     }
   }
 
-  private remember(name: string, uid: string): void {
-    if (this.ready.size >= READY_CACHE_SIZE) this.ready.delete(this.ready.keys().next().value!);
-    this.ready.set(name, uid);
-  }
+}
+
+/** Sets key in a map bounded to CACHE_SIZE entries (the oldest goes first). */
+function remember<V>(map: Map<string, V>, key: string, value: V): void {
+  if (!map.has(key) && map.size >= CACHE_SIZE) map.delete(map.keys().next().value!);
+  map.set(key, value);
 }
 
 function checkUsable(pod: k8s.V1Pod): void {
