@@ -1,7 +1,6 @@
 // Bridge configuration: environment variables, validated with zod at start-up. A bad value
 // stops the process with a message naming the variable.
 import { ConfigError, configProblems } from '../common/config.js';
-import { readFileSync } from 'node:fs';
 import { z } from 'zod';
 import { LOG_LEVELS } from '../common/logger.js';
 
@@ -14,9 +13,13 @@ export const ConfigSchema = z
     METRICS_PORT: int(9090),
     HOST: z.string().default('0.0.0.0'),
     LOG_LEVEL: z.enum(LOG_LEVELS).default('info'),
-    /** The bearer token, or a file holding it (a mounted Secret; re-read when it changes). */
+    /**
+     * Bearer tokens (http/tokens.ts): one admin token, or a file holding it (a mounted Secret;
+     * re-read when it changes), and/or a file of named tokens with scopes.
+     */
     BRIDGE_TOKEN: z.string().min(16, 'must be at least 16 characters').optional(),
     BRIDGE_TOKEN_FILE: z.string().optional(),
+    BRIDGE_TOKENS_FILE: z.string().optional(),
     /** SandboxPool whose policy this bridge serves. */
     POOL_NAME: z.string().default('default'),
     /** Sandbox namespace used while the SandboxPool does not exist (it names its own). */
@@ -31,8 +34,11 @@ export const ConfigSchema = z
     BOX_START_TIMEOUT_MS: int(120_000, 1),
     EXEC_OUTPUT_LIMIT_BYTES: int(10 * MiB, 1),
     FILE_SIZE_LIMIT_BYTES: int(50 * MiB, 1),
+    /** Requests per second and burst per token name (per replica). */
     RATE_LIMIT_RPS: int(100, 1),
     RATE_LIMIT_BURST: int(200, 1),
+    /** Requests without a valid token allowed per source address and minute (per replica). */
+    RATE_LIMIT_AUTH_FAILURES_PER_MINUTE: int(30, 1),
     /** Express "trust proxy": set it (e.g. 1) behind an ingress so limits apply per real client. */
     TRUST_PROXY: z.string().default('false'),
     KUBE_TIMEOUT_MS: int(15_000, 100),
@@ -50,18 +56,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const parsed = ConfigSchema.safeParse(env);
   const problems = parsed.success ? [] : configProblems(parsed.error);
   // Checked here rather than in the schema so it is reported together with every other problem.
-  if (!env.BRIDGE_TOKEN && !env.BRIDGE_TOKEN_FILE) problems.push('BRIDGE_TOKEN: set BRIDGE_TOKEN or BRIDGE_TOKEN_FILE');
-  if (!parsed.success || problems.length > 0) throw new ConfigError('bridge', problems);
-  const config = parsed.data;
-  if (config.BRIDGE_TOKEN_FILE) {
-    // Fail at start-up, not on the first request, when the mounted Secret is missing.
-    try {
-      readFileSync(config.BRIDGE_TOKEN_FILE, 'utf8');
-    } catch (err) {
-      throw new ConfigError('bridge', [`BRIDGE_TOKEN_FILE: cannot read ${config.BRIDGE_TOKEN_FILE} (${(err as Error).message})`]);
-    }
+  if (!env.BRIDGE_TOKEN && !env.BRIDGE_TOKEN_FILE && !env.BRIDGE_TOKENS_FILE) {
+    problems.push('BRIDGE_TOKEN: set BRIDGE_TOKEN, BRIDGE_TOKEN_FILE or BRIDGE_TOKENS_FILE');
   }
-  return config;
+  if (!parsed.success || problems.length > 0) throw new ConfigError('bridge', problems);
+  // The token files themselves are read (and a start-up without any token refused) by createTokenSource.
+  return parsed.data;
 }
 
 /** Express's trust proxy setting from TRUST_PROXY ("false", "true", a hop count or a list). */

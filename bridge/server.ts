@@ -11,8 +11,8 @@ import { DEFAULT_BOX_IMAGE, withDefaults } from '../common/pool.js';
 import { createProbeServer, listen } from '../common/probe-server.js';
 import { createApp } from './app.js';
 import { trustProxySetting, type Config } from './config.js';
-import { fileToken, staticToken } from './http/auth.js';
-import { TokenBuckets } from './http/token-bucket.js';
+import { KeyedLimiter } from '../common/rate-limit.js';
+import { createTokenSource } from './http/tokens.js';
 import { BoxCache } from './kube/box-cache.js';
 import { instrumentedCall } from './kube/instrument.js';
 import { PodExec } from './kube/pod-exec.js';
@@ -58,6 +58,14 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const log = options.log ?? createLogger('sandbox-bridge', config.LOG_LEVEL);
   const kc = options.kc ?? loadKubeConfig();
   const startedAt = Date.now();
+  // First, so a bad token configuration stops the start-up before any watch is opened.
+  const tokens = createTokenSource({
+    token: config.BRIDGE_TOKEN,
+    tokenFile: config.BRIDGE_TOKEN_FILE,
+    tokensFile: config.BRIDGE_TOKENS_FILE,
+    log,
+  });
+  log.info({ tokenNames: tokens.names() }, 'bearer tokens loaded');
 
   const fallback = withDefaults({
     namespace: config.SANDBOX_NAMESPACE,
@@ -72,6 +80,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const metrics = createMetrics(() => cache.activeCount(), {
     maxBoxes: () => policy.current().maxBoxes,
     healthy: () => cache.isHealthy() && policy.isHealthy(),
+    tokenNames: () => tokens.names(),
   });
   await startWithin(cache.start(), config.STARTUP_TIMEOUT_MS, `the box watch in namespace ${namespace}`);
 
@@ -114,12 +123,14 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     bridgeVersion: BRIDGE_VERSION,
     startedAt,
   });
-  const tokens = config.BRIDGE_TOKEN_FILE ? fileToken(config.BRIDGE_TOKEN_FILE, log) : staticToken(config.BRIDGE_TOKEN!);
 
   const app = createApp({
     log,
     tokens,
-    buckets: new TokenBuckets(config.RATE_LIMIT_RPS, config.RATE_LIMIT_BURST),
+    limits: {
+      requests: KeyedLimiter.fromRate(config.RATE_LIMIT_RPS, config.RATE_LIMIT_BURST),
+      authFailures: new KeyedLimiter(config.RATE_LIMIT_AUTH_FAILURES_PER_MINUTE, 60),
+    },
     metrics,
     boxes,
     commands,

@@ -1,12 +1,14 @@
 // Kubernetes Events on a SandboxPool (kubectl describe sbp <name> shows them). The API server
 // only accepts events about a cluster-scoped object in the `default` namespace (as client-go
-// records them for nodes), so that is where they go. Like client-go's event spam filter, each pool gets a burst
-// of individual events and then a refill rate; what the limit holds back is summed into one
-// summary event per reconcile, so reaping 10,000 boxes does not become 10,000 more writes.
+// records them for nodes), so that is where they go. Like client-go's event spam filter, each pool
+// gets a burst of individual events per window (an average of one a second); what the limit holds
+// back is summed into one summary event per reconcile, so reaping 10,000 boxes does not become
+// 10,000 more writes.
 import { randomBytes } from 'node:crypto';
 import type * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import { apiMessage } from '../common/kube.js';
+import { KeyedLimiter } from '../common/rate-limit.js';
 import { POOL_API_VERSION, POOL_KIND, type SandboxPool } from '../common/pool.js';
 
 export const EVENT_COMPONENT = 'sandbox-bridge-operator';
@@ -19,7 +21,7 @@ export interface EventSpec {
 }
 
 export class EventRecorder {
-  private readonly buckets = new Map<string, { tokens: number; at: number }>();
+  private readonly limiter: KeyedLimiter;
   private readonly suppressed = new Map<string, Map<string, number>>();
 
   constructor(
@@ -27,17 +29,18 @@ export class EventRecorder {
     private readonly log: Logger,
     private readonly instance: string,
     private readonly now: () => number = Date.now,
-    private readonly burst = 25,
-    private readonly refillPerSecond = 1,
-  ) {}
+    burst = 25,
+    perSecond = 1,
+  ) {
+    this.limiter = KeyedLimiter.fromRate(perSecond, burst);
+  }
 
   /** Records the event unless the pool's budget is spent; then it is counted for flush(). */
-  record(pool: SandboxPool, event: EventSpec): Promise<void> {
-    if (this.take(pool.metadata.name)) return this.write(pool, event);
+  async record(pool: SandboxPool, event: EventSpec): Promise<void> {
+    if ((await this.limiter.take(pool.metadata.name)).allowed) return this.write(pool, event);
     const byReason = this.suppressed.get(pool.metadata.name) ?? new Map<string, number>();
     byReason.set(event.reason, (byReason.get(event.reason) ?? 0) + 1);
     this.suppressed.set(pool.metadata.name, byReason);
-    return Promise.resolve();
   }
 
   /** Writes one summary event for what record() held back for this pool. */
@@ -54,19 +57,7 @@ export class EventRecorder {
   }
 
   forget(poolName: string): void {
-    this.buckets.delete(poolName);
     this.suppressed.delete(poolName);
-  }
-
-  private take(key: string): boolean {
-    const now = this.now();
-    const b = this.buckets.get(key) ?? { tokens: this.burst, at: now };
-    b.tokens = Math.min(this.burst, b.tokens + ((now - b.at) / 1000) * this.refillPerSecond);
-    b.at = now;
-    this.buckets.set(key, b);
-    if (b.tokens < 1) return false;
-    b.tokens -= 1;
-    return true;
   }
 
   private async write(pool: SandboxPool, event: EventSpec): Promise<void> {

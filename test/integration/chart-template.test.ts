@@ -4,6 +4,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type * as k8s from '@kubernetes/client-node';
 import { load } from 'js-yaml';
+import { parseTokensFile } from '../../bridge/http/tokens.js';
 import { createMetrics } from '../../bridge/metrics.js';
 import { CHART, MONITORING_APIS, ROOT, TOKEN, helm, template, type Doc } from '../chart/helm.js';
 
@@ -57,7 +58,7 @@ describe('chart metadata and defaults', () => {
     const v = load(readFileSync(join(CHART, 'values.yaml'), 'utf8')) as any;
     expect(v.replicaCount).toBe(2);
     expect(v.service).toMatchObject({ type: 'ClusterIP', port: 8080 });
-    expect(v.secret).toEqual({ token: '', existingSecret: '', tokenKey: 'token' });
+    expect(v.secret).toEqual({ token: '', tokens: [], existingSecret: '', tokenKey: 'token', tokensKey: 'tokens.json' });
     expect(v.ingress).toMatchObject({ enabled: false, host: '', className: '', tls: true });
     expect(v.ingress.clusterIssuer).toBeTruthy();
     expect(v.autoscaling).toEqual({ enabled: false, minReplicas: 2, maxReplicas: 10, targetCPUUtilization: 70, targetMemoryUtilization: 80 });
@@ -106,16 +107,20 @@ describe('token', () => {
     expect(out.stderr).toContain('at least 16 characters');
   });
 
-  test('secret.token: the chart creates the Secret, mounts it as a file, and rolls pods when it changes', () => {
+  test('secret.token: the chart creates the Secret, mounts it as files, and rolls pods when it changes', () => {
     const out = template();
     const secret = out.one('Secret');
     expect(secret.metadata.name).toBe('rel-sandbox-bridge-token');
+    expect(Object.keys(secret.data)).toEqual(['token']);
     expect(Buffer.from(secret.data.token, 'base64').toString()).toBe(TOKEN);
     const dep = out.one('Deployment', BRIDGE);
     expect(env(dep).BRIDGE_TOKEN_FILE).toBe('/var/run/secrets/sandbox-bridge/token');
+    expect(env(dep).BRIDGE_TOKENS_FILE).toBe('/var/run/secrets/sandbox-bridge/tokens.json');
     expect(env(dep).BRIDGE_TOKEN).toBeUndefined();
+    // The whole Secret (no items), so a key added or removed later appears or disappears as a file.
     const volume = dep.spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'token');
-    expect(volume.secret).toMatchObject({ secretName: 'rel-sandbox-bridge-token', items: [{ key: 'token', path: 'token' }] });
+    expect(volume.secret.secretName).toBe('rel-sandbox-bridge-token');
+    expect(volume.secret.items).toBeUndefined();
     // No subPath: only a whole-directory Secret volume is updated in place on rotation.
     const mount = containers(dep)[0]!.volumeMounts!.find((m) => m.name === 'token')!;
     expect(mount.subPath).toBeUndefined();
@@ -126,14 +131,48 @@ describe('token', () => {
     expect(rotated.spec.template.metadata.annotations['checksum/token']).not.toBe(checksum);
   });
 
-  test('secret.existingSecret: no Secret rendered; the pods mount the named one under tokenKey', () => {
-    const out = template({ secret: { existingSecret: 'my-token', tokenKey: 'bridge-token' } });
+  test('secret.existingSecret: no Secret rendered; the pods mount the named one and read tokenKey / tokensKey', () => {
+    const out = template({ secret: { existingSecret: 'my-token', tokenKey: 'bridge-token', tokensKey: 'named.json' } });
     expect(out.status).toBe(0);
     expect(out.all('Secret')).toHaveLength(0);
     const dep = out.one('Deployment', BRIDGE);
     const volume = dep.spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'token');
-    expect(volume.secret).toMatchObject({ secretName: 'my-token', items: [{ key: 'bridge-token', path: 'token' }] });
+    expect(volume.secret.secretName).toBe('my-token');
+    expect(volume.secret.items).toBeUndefined();
+    expect(env(dep)).toMatchObject({
+      BRIDGE_TOKEN_FILE: '/var/run/secrets/sandbox-bridge/bridge-token',
+      BRIDGE_TOKENS_FILE: '/var/run/secrets/sandbox-bridge/named.json',
+    });
     expect(dep.spec.template.metadata.annotations?.['checksum/token']).toBeUndefined();
+  });
+
+  test('secret.tokens: named tokens with scopes go into the Secret as the JSON list the bridge reads', () => {
+    const tokens = [
+      { name: 'agents', token: `${TOKEN}-agents`, scopes: ['boxes:read', 'boxes:write'] },
+      { name: 'grafana', sha256: 'a'.repeat(64), scopes: ['cluster:read', 'sandboxes:read'] },
+    ];
+    const out = template({ secret: { tokens } });
+    expect(out.status).toBe(0);
+    const secret = out.one('Secret', 'rel-sandbox-bridge-token');
+    expect(Object.keys(secret.data)).toEqual(['tokens.json']);
+    const json = Buffer.from(secret.data['tokens.json'], 'base64').toString();
+    expect(parseTokensFile(json, 'tokens.json')).toEqual(tokens);
+    // Both at once: the single token keeps working beside the named ones (a migration step).
+    const both = template({ secret: { token: TOKEN, tokens } }).one('Secret', 'rel-sandbox-bridge-token');
+    expect(Object.keys(both.data).sort()).toEqual(['token', 'tokens.json']);
+  });
+
+  test('secret.tokens: the schema refuses unknown scopes, short tokens and entries with neither token nor sha256', () => {
+    for (const bad of [
+      { name: 'a', token: `${TOKEN}`, scopes: ['root'] },
+      { name: 'a', token: 'short', scopes: ['admin'] },
+      { name: 'a', scopes: ['admin'] },
+      { name: 'Not_A_Label', token: TOKEN, scopes: ['admin'] },
+    ]) {
+      const out = template({ secret: { tokens: [bad] } });
+      expect({ bad, status: out.status }).toEqual({ bad, status: 1 });
+      expect(out.stderr).toMatch(/values don't meet the specifications of the schema/);
+    }
   });
 });
 
