@@ -39,6 +39,11 @@ export const ConfigSchema = z
     RATE_LIMIT_BURST: int(200, 1),
     /** Requests without a valid token allowed per source address and minute (per replica). */
     RATE_LIMIT_AUTH_FAILURES_PER_MINUTE: int(30, 1),
+    /**
+     * GET /cluster/capacity counts the requests of every pod on the box nodes (needs pods
+     * list/watch in all namespaces) instead of the boxes' only (docs/capacity.md).
+     */
+    CAPACITY_ALL_PODS: z.enum(['true', 'false']).default('false').transform((v) => v === 'true'),
     /** Express "trust proxy": set it (e.g. 1) behind an ingress so limits apply per real client. */
     TRUST_PROXY: z.string().default('false'),
     KUBE_TIMEOUT_MS: int(15_000, 100),

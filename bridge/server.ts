@@ -15,11 +15,14 @@ import { KeyedLimiter } from '../common/rate-limit.js';
 import { createTokenSource } from './http/tokens.js';
 import { BoxCache } from './kube/box-cache.js';
 import { instrumentedCall } from './kube/instrument.js';
+import { NodeCache } from './kube/node-cache.js';
+import { PodRequestsCache } from './kube/pod-requests.js';
 import { PodExec } from './kube/pod-exec.js';
 import { WatchedPolicy, type PolicySource } from './kube/policy.js';
 import { createMetrics } from './metrics.js';
 import { BoxCommands } from './services/box-commands.js';
 import { BoxService } from './services/boxes.js';
+import { CapacityService } from './services/capacity.js';
 import { ClusterService } from './services/cluster.js';
 import { EnvStore } from './services/env-store.js';
 
@@ -84,6 +87,12 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   });
   await startWithin(cache.start(), config.STARTUP_TIMEOUT_MS, `the box watch in namespace ${namespace}`);
 
+  // Not awaited: only the node views and capacity need them, and they answer 503 until synced.
+  const nodes = new NodeCache(kc, log);
+  void nodes.start();
+  const allPods = config.CAPACITY_ALL_PODS ? new PodRequestsCache(kc, log) : undefined;
+  void allPods?.start();
+
   const call = instrumentedCall(metrics);
   const core = makeApiClient(kc, k8s.CoreV1Api, config.KUBE_TIMEOUT_MS);
   const env = new EnvStore(core, call, namespace);
@@ -122,6 +131,8 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     namespace,
     bridgeVersion: BRIDGE_VERSION,
     startedAt,
+    nodes,
+    capacity: new CapacityService({ nodes, boxes: cache, policy, ...(allPods ? { allPods } : {}) }),
   });
 
   const app = createApp({
@@ -177,6 +188,8 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       apiServer.closeAllConnections();
       tokens.close();
       cache.stop();
+      nodes.stop();
+      allPods?.stop();
       watched?.stop();
       await new Promise<void>((resolve) => probes.close(() => resolve()));
       log.info('bridge stopped');

@@ -6,6 +6,7 @@ import type {
   BoxCreated,
   BoxDeleted,
   BoxStatus,
+  ClusterCapacity,
   ClusterInfo,
   CreateBoxRequest,
   EnvUpdated,
@@ -18,6 +19,7 @@ import type {
   OpenApiDocument,
   PodMetricsList,
   SandboxList,
+  SandboxesQuery,
 } from './types.js';
 
 export interface BridgeClientOptions {
@@ -44,12 +46,24 @@ export interface FileReadOptions extends CallOptions {
   base64?: boolean;
 }
 
+/** GET /sandboxes filter and page. */
+export interface SandboxesOptions extends CallOptions {
+  sessionId?: string;
+  status?: SandboxesQuery['status'];
+  /** At most this many boxes (1-1000); the answer's `continue` then fetches the next page. */
+  limit?: number;
+  continue?: string;
+}
+
 export interface BridgeClient {
   readonly url: string;
   health(opts?: CallOptions): Promise<Health>;
   clusterInfo(opts?: CallOptions): Promise<ClusterInfo>;
   nodes(opts?: CallOptions): Promise<NodeList>;
-  sandboxes(opts?: CallOptions): Promise<SandboxList>;
+  /** Requested and allocatable resources of the nodes boxes can run on, and the pool's box headroom. */
+  getCapacity(opts?: CallOptions): Promise<ClusterCapacity>;
+  /** Boxes, oldest first; with a limit, one page (pass the answer's `continue` for the next). */
+  sandboxes(opts?: SandboxesOptions): Promise<SandboxList>;
   /** Plain-text logs of a box pod; tailLines keeps the last N lines. */
   logs(podName: string, opts?: CallOptions & { tailLines?: number }): Promise<string>;
   metrics(opts?: CallOptions): Promise<PodMetricsList>;
@@ -77,7 +91,18 @@ export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
     health: (opts) => get('health', '/health', opts),
     clusterInfo: (opts) => get('cluster info', '/cluster/info', opts),
     nodes: (opts) => get('nodes', '/cluster/nodes', opts),
-    sandboxes: (opts) => get('sandboxes', '/sandboxes', opts),
+    getCapacity: (opts) => get('capacity', '/cluster/capacity', opts),
+    sandboxes: (opts = {}) =>
+      call(
+        {
+          operation: 'sandboxes',
+          method: 'GET',
+          path: '/sandboxes',
+          query: { session_id: opts.sessionId, status: opts.status, limit: opts.limit, continue: opts.continue },
+          expect: 'json',
+        },
+        opts,
+      ),
     logs: (podName, opts = {}) =>
       call(
         { operation: 'logs', method: 'GET', path: `/sandboxes/${encodeURIComponent(podName)}/logs`, query: { tailLines: opts.tailLines }, expect: 'text' },

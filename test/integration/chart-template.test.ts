@@ -20,7 +20,7 @@ const BRIDGE_NAMESPACED_RULES = [
   { apiGroups: ['metrics.k8s.io'], resources: ['pods'], verbs: ['list'] },
 ];
 const BRIDGE_CLUSTER_RULES = [
-  { apiGroups: [''], resources: ['nodes'], verbs: ['list'] },
+  { apiGroups: [''], resources: ['nodes'], verbs: ['list', 'watch'] },
   { apiGroups: ['sandbox-bridge.io'], resources: ['sandboxpools'], verbs: ['list', 'watch'] },
 ];
 
@@ -196,6 +196,14 @@ describe('RBAC', () => {
     const out = template({ secret: { token: TOKEN }, rbac: { namespaced: false } });
     expect(out.all('Role').filter((r) => r.metadata.name === BRIDGE)).toHaveLength(0);
     expect(out.one('ClusterRole', BRIDGE).rules).toEqual([...BRIDGE_CLUSTER_RULES, ...BRIDGE_NAMESPACED_RULES]);
+  });
+
+  test('capacity.allPods: pods list/watch in every namespace, only then; the bridge is told', () => {
+    const off = template();
+    expect(env(off.one('Deployment', BRIDGE)).CAPACITY_ALL_PODS).toBe('false');
+    const on = template({ secret: { token: TOKEN }, capacity: { allPods: true } });
+    expect(env(on.one('Deployment', BRIDGE)).CAPACITY_ALL_PODS).toBe('true');
+    expect(on.one('ClusterRole', BRIDGE).rules).toEqual([...BRIDGE_CLUSTER_RULES, { apiGroups: [''], resources: ['pods'], verbs: ['list', 'watch'] }]);
   });
 
   test('rbac.create=false: no bridge RBAC', () => {
