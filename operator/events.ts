@@ -1,13 +1,14 @@
-// Kubernetes Events on a SandboxPool (kubectl describe sbp <name> shows them). The API server
+// Kubernetes Events on a SandboxPool (kubectl describe sbp <name> shows them), and once-only
+// events on box pods (recordOnce). The API server
 // only accepts events about a cluster-scoped object in the `default` namespace (as client-go
 // records them for nodes), so that is where they go. Like client-go's event spam filter, each pool
 // gets a burst of individual events per window (an average of one a second); what the limit holds
 // back is summed into one summary event per reconcile, so reaping 10,000 boxes does not become
 // 10,000 more writes.
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import type * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { apiMessage } from '../common/kube.js';
+import { apiMessage, isConflict } from '../common/kube.js';
 import { KeyedLimiter } from '../common/rate-limit.js';
 import { POOL_API_VERSION, POOL_KIND, type SandboxPool } from '../common/pool.js';
 
@@ -60,29 +61,51 @@ export class EventRecorder {
     this.suppressed.delete(poolName);
   }
 
-  private async write(pool: SandboxPool, event: EventSpec): Promise<void> {
-    const now = new Date(this.now());
-    const namespace = EVENT_NAMESPACE;
+  /**
+   * Records an event about `target` once per `key`: the event's name is derived from the target's
+   * UID and the key, so the API server refuses a second one (409), whichever replica, leader or
+   * process tries. Not rate limited: the caller records one event per occurrence.
+   */
+  async recordOnce(target: k8s.V1ObjectReference & { name: string; namespace: string; uid: string }, key: string, event: EventSpec): Promise<'created' | 'exists' | 'failed'> {
+    const name = `${target.name}.${createHash('sha256').update(`${target.uid}/${key}`).digest('hex').slice(0, 16)}`;
     try {
-      await this.core.createNamespacedEvent({
-        namespace,
-        body: {
-          metadata: { name: `${pool.metadata.name}.${now.getTime().toString(16)}${randomBytes(4).toString('hex')}`, namespace },
-          involvedObject: { apiVersion: POOL_API_VERSION, kind: POOL_KIND, name: pool.metadata.name, uid: pool.metadata.uid },
-          type: event.type,
-          reason: event.reason,
-          message: event.message.slice(0, 1024),
-          source: { component: EVENT_COMPONENT },
-          reportingComponent: EVENT_COMPONENT,
-          reportingInstance: this.instance,
-          firstTimestamp: now,
-          lastTimestamp: now,
-          count: 1,
-        },
-      });
+      await this.create(target.namespace, name, target, event);
+      return 'created';
+    } catch (err) {
+      if (isConflict(err)) return 'exists';
+      this.log.warn({ err: apiMessage(err), reason: event.reason, object: `${target.namespace}/${target.name}` }, 'could not record event');
+      return 'failed';
+    }
+  }
+
+  private async write(pool: SandboxPool, event: EventSpec): Promise<void> {
+    const name = `${pool.metadata.name}.${this.now().toString(16)}${randomBytes(4).toString('hex')}`;
+    const target = { apiVersion: POOL_API_VERSION, kind: POOL_KIND, name: pool.metadata.name, uid: pool.metadata.uid };
+    try {
+      await this.create(EVENT_NAMESPACE, name, target, event);
     } catch (err) {
       // Events are best effort: losing one must not fail a reconcile.
       this.log.debug({ err: apiMessage(err), reason: event.reason }, 'could not record event');
     }
+  }
+
+  private async create(namespace: string, name: string, involvedObject: k8s.V1ObjectReference, event: EventSpec): Promise<void> {
+    const now = new Date(this.now());
+    await this.core.createNamespacedEvent({
+      namespace,
+      body: {
+        metadata: { name, namespace },
+        involvedObject,
+        type: event.type,
+        reason: event.reason,
+        message: event.message.slice(0, 1024),
+        source: { component: EVENT_COMPONENT },
+        reportingComponent: EVENT_COMPONENT,
+        reportingInstance: this.instance,
+        firstTimestamp: now,
+        lastTimestamp: now,
+        count: 1,
+      },
+    });
   }
 }

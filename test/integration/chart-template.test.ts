@@ -6,6 +6,7 @@ import type * as k8s from '@kubernetes/client-node';
 import { load } from 'js-yaml';
 import { parseTokensFile } from '../../bridge/http/tokens.js';
 import { createMetrics } from '../../bridge/metrics.js';
+import { createOperatorMetrics } from '../../operator/metrics.js';
 import { CHART, MONITORING_APIS, ROOT, TOKEN, helm, template, type Doc } from '../chart/helm.js';
 
 const BRIDGE = 'rel-sandbox-bridge-bridge';
@@ -237,6 +238,65 @@ describe('RBAC', () => {
   });
 });
 
+describe('operator box health and webhooks', () => {
+  test('defaults: the Pending threshold, no webhooks, no webhook Secret or volume; events may be created', () => {
+    const out = template();
+    const dep = out.one('Deployment', OPERATOR);
+    expect(env(dep)).toMatchObject({ STUCK_PENDING_SECONDS: '300' });
+    expect(env(dep).WEBHOOKS_FILE).toBeUndefined();
+    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-token']);
+    expect(dep.spec.template.spec.volumes.map((v: k8s.V1Volume) => v.name)).toEqual(['tmp']);
+    expect(out.one('ClusterRole', OPERATOR).rules).toContainEqual({ apiGroups: [''], resources: ['events'], verbs: ['create'] });
+  });
+
+  test('endpoints and a signing key: a Secret mounted as files, tunables as env, a rollout when they change', () => {
+    const endpoints = [
+      { url: 'https://alerts.example.com/hooks/sandbox', events: ['oom_killed', 'evicted'] },
+      { url: 'https://hooks.slack.com/services/T/B/X', format: 'slack' },
+    ];
+    const values = { secret: { token: TOKEN }, operator: { health: { stuckPendingSeconds: 120 }, webhooks: { endpoints, signingKey: 'sign-me', debounceSeconds: 30, maxAttempts: 4, timeoutSeconds: 5 } } };
+    const out = template(values);
+    const secret = out.one('Secret', `${OPERATOR}-webhooks`);
+    expect(JSON.parse(Buffer.from(secret.data['webhooks.json'], 'base64').toString())).toEqual({ endpoints });
+    expect(Buffer.from(secret.data['signing-key'], 'base64').toString()).toBe('sign-me');
+    const dep = out.one('Deployment', OPERATOR);
+    expect(env(dep)).toMatchObject({
+      STUCK_PENDING_SECONDS: '120',
+      WEBHOOKS_FILE: '/var/run/secrets/sandbox-bridge-webhooks/webhooks.json',
+      WEBHOOK_SIGNING_KEY_FILE: '/var/run/secrets/sandbox-bridge-webhooks/signing-key',
+      WEBHOOK_DEBOUNCE_SECONDS: '30',
+      WEBHOOK_MAX_ATTEMPTS: '4',
+      WEBHOOK_TIMEOUT_SECONDS: '5',
+    });
+    // No URL or key in the pod spec itself.
+    expect(JSON.stringify(dep)).not.toContain('hooks.slack.com');
+    expect(JSON.stringify(dep)).not.toContain('sign-me');
+    expect(dep.spec.template.spec.volumes).toContainEqual(expect.objectContaining({ name: 'webhooks', secret: expect.objectContaining({ secretName: `${OPERATOR}-webhooks` }) }));
+    const checksum = dep.spec.template.metadata.annotations['checksum/webhooks'];
+    expect(checksum).toMatch(/^[0-9a-f]{64}$/);
+    const changed = template({ ...values, operator: { ...values.operator, webhooks: { ...values.operator.webhooks, signingKey: 'other' } } });
+    expect(changed.one('Deployment', OPERATOR).spec.template.metadata.annotations['checksum/webhooks']).not.toBe(checksum);
+  });
+
+  test('existingSecret: mounted, nothing rendered; egress rules join the operator NetworkPolicy', () => {
+    const egress = [{ to: [{ ipBlock: { cidr: '203.0.113.0/24' } }], ports: [{ port: 443, protocol: 'TCP' }] }];
+    const out = template({ secret: { token: TOKEN }, operator: { webhooks: { existingSecret: 'my-hooks', egress } } });
+    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-token']);
+    const dep = out.one('Deployment', OPERATOR);
+    expect(env(dep)).toMatchObject({ WEBHOOKS_FILE: '/var/run/secrets/sandbox-bridge-webhooks/webhooks.json', WEBHOOK_SIGNING_KEY_FILE: '/var/run/secrets/sandbox-bridge-webhooks/signing-key' });
+    expect(dep.spec.template.spec.volumes).toContainEqual(expect.objectContaining({ name: 'webhooks', secret: expect.objectContaining({ secretName: 'my-hooks' }) }));
+    expect(out.one('NetworkPolicy', OPERATOR).spec.egress).toEqual(expect.arrayContaining(egress));
+    expect(out.one('NetworkPolicy', BRIDGE).spec.egress).not.toEqual(expect.arrayContaining(egress));
+  });
+
+  test('the schema refuses bad endpoints', () => {
+    for (const endpoint of [{ url: 'ftp://x' }, { url: 'https://x', events: ['sneezed'] }, { url: 'https://x', format: 'xml' }]) {
+      const out = template({ secret: { token: TOKEN }, operator: { webhooks: { endpoints: [endpoint] } } });
+      expect({ endpoint, status: out.status }).toEqual({ endpoint, status: 1 });
+    }
+  });
+});
+
 describe('ingress', () => {
   test('off by default', () => {
     expect(template().all('Ingress')).toHaveLength(0);
@@ -350,16 +410,43 @@ describe('monitoring', () => {
     expect(out.one('Service', BRIDGE).spec.ports.map((p: k8s.V1ServicePort) => p.name)).toEqual(['http']);
 
     const rules = out.one('PrometheusRule').spec.groups[0].rules as Array<{ alert: string; expr: string }>;
-    expect(rules.map((r) => r.alert)).toEqual(['SandboxBridgeBoxesNearLimit', 'SandboxBridgeRestarted', 'SandboxBridgeUnhealthy']);
+    expect(rules.map((r) => r.alert)).toEqual([
+      'SandboxBridgeBoxesNearLimit',
+      'SandboxBridgeRestarted',
+      'SandboxBridgeUnhealthy',
+      'SandboxBoxesOOMKilled',
+      'SandboxBoxesCrashing',
+      'SandboxBoxImagePullFailing',
+      'SandboxBoxesStuckPending',
+      'SandboxBoxesEvicted',
+    ]);
     const byName = Object.fromEntries(rules.map((r) => [r.alert, r.expr]));
     expect(byName.SandboxBridgeBoxesNearLimit).toMatch(/sandbox_bridge_boxes_active.*> 0\.8 \* .*sandbox_bridge_boxes_limit/s);
     expect(byName.SandboxBridgeRestarted).toMatch(/time\(\) - sandbox_bridge_process_start_time_seconds.*< 60/s);
     expect(byName.SandboxBridgeUnhealthy).toContain('sandbox_bridge_healthy');
-    // Every metric an alert names is one the bridge really exports.
-    const exported = new Set((await createMetrics().registry.getMetricsAsJSON()).map((m) => m.name));
+    expect(byName.SandboxBoxesOOMKilled).toBe(
+      'sum by (pool) (increase(sandbox_operator_box_failures_total{namespace="bridge-ns", job="rel-sandbox-bridge-operator-metrics", reason="oom_killed"}[15m])) > 5',
+    );
+    expect(byName.SandboxBoxesEvicted).toMatch(/reason="evicted"\}\[15m\]\)\) > 0$/);
+    // Every metric an alert names is one the bridge or the operator really exports.
+    const exported = new Set([
+      ...(await createMetrics().registry.getMetricsAsJSON()).map((m) => m.name),
+      ...(await createOperatorMetrics().registry.getMetricsAsJSON()).map((m) => m.name),
+    ]);
     for (const expr of Object.values(byName)) {
-      for (const name of expr.match(/sandbox_bridge_[a-z_]+/g) ?? []) expect({ name, exported: exported.has(name) }).toEqual({ name, exported: true });
+      for (const name of expr.match(/sandbox_(bridge|operator)_[a-z_]+/g) ?? []) expect({ name, exported: exported.has(name) }).toEqual({ name, exported: true });
     }
+  });
+
+  test('box failure alert thresholds and window come from values', () => {
+    const out = template(
+      { secret: { token: TOKEN }, metrics: { prometheusRule: { boxFailures: { window: '1h', oomKilled: 20, crashed: 5, imagePullFailed: 0, stuckPending: 2, evicted: 0 } } } },
+      { apiVersions: MONITORING_APIS },
+    );
+    const rules = out.one('PrometheusRule').spec.groups[0].rules as Array<{ alert: string; expr: string }>;
+    const expr = (alert: string) => rules.find((r) => r.alert === alert)!.expr;
+    expect(expr('SandboxBoxesOOMKilled')).toMatch(/\[1h\]\)\) > 20$/);
+    expect(expr('SandboxBoxesStuckPending')).toMatch(/reason="stuck_pending"\}\[1h\]\)\) > 2$/);
   });
 });
 
