@@ -438,6 +438,18 @@ describe('monitoring', () => {
     }
   });
 
+  test('the Grafana dashboard: off by default; a ConfigMap with the sidecar label holding dashboards/sandbox-bridge.json', () => {
+    expect(template().all('ConfigMap')).toHaveLength(0);
+    const out = template({ secret: { token: TOKEN }, metrics: { grafanaDashboard: { enabled: true, folder: 'Platform', namespace: 'monitoring' } } });
+    const cm = out.one('ConfigMap', 'rel-sandbox-bridge-dashboard');
+    expect(cm.metadata.namespace).toBe('monitoring');
+    expect(cm.metadata.labels).toMatchObject({ grafana_dashboard: '1' });
+    expect(cm.metadata.annotations).toEqual({ grafana_folder: 'Platform' });
+    expect(JSON.parse(cm.data['sandbox-bridge.json'])).toEqual(JSON.parse(readFileSync(join(CHART, 'dashboards/sandbox-bridge.json'), 'utf8')));
+    const relabelled = template({ secret: { token: TOKEN }, metrics: { grafanaDashboard: { enabled: true, label: 'dashboards', labelValue: 'sandbox' } } });
+    expect(relabelled.one('ConfigMap').metadata.labels).toMatchObject({ dashboards: 'sandbox' });
+  });
+
   test('box failure alert thresholds and window come from values', () => {
     const out = template(
       { secret: { token: TOKEN }, metrics: { prometheusRule: { boxFailures: { window: '1h', oomKilled: 20, crashed: 5, imagePullFailed: 0, stuckPending: 2, evicted: 0 } } } },
