@@ -12,8 +12,8 @@
 // 4. Load: BENCH_LOAD_BOXES boxes x 5 concurrent execs for BENCH_LOAD_SECONDS: errors, rate,
 //    latency, bridge CPU per exec and Kubernetes API requests per exec.
 // On simulated nodes:
-// 5. With BENCH_BOXES box pods on BENCH_NODES simulated nodes: latency of GET /sandboxes and
-//    GET /boxes/:id/status, and the bridge process's RSS.
+// 5. With BENCH_BOXES box pods on BENCH_NODES simulated nodes: latency of GET /sandboxes (whole,
+//    a page of 100, one session) and GET /boxes/:id/status, and the bridge process's RSS.
 //
 // The bridge runs as its own process (node dist/bridge/main.js) so its RSS and CPU are its own.
 // Results go to bench/results/bridge.md and .json.
@@ -189,26 +189,34 @@ async function waitForAllBoxes(client: ReturnType<typeof createBridgeClient>): P
   throw new Error('the bridge cache never saw every box');
 }
 
-/** List and status latency against one bridge, alternating. */
+/** List, page, filtered list and status latency against one bridge, alternating. */
 async function measureReads(url: string) {
   const client = createBridgeClient({ url, token, retries: 0 });
-  const listTimes: number[] = [];
-  const statusTimes: number[] = [];
+  const times = { list: [] as number[], page: [] as number[], session: [] as number[], status: [] as number[] };
   let listBytes = 0;
+  const get = async (path: string) => {
+    const res = await fetch(`${url}/api/v1${path}`, { headers: { authorization: `Bearer ${token}` } });
+    if (!res.ok) throw new Error(`GET ${path}: ${res.status}`);
+    return (await res.arrayBuffer()).byteLength;
+  };
   for (let i = 0; i < READ_ROUNDS; i++) {
     let t = performance.now();
-    const res = await fetch(`${url}/api/v1/sandboxes`, { headers: { authorization: `Bearer ${token}` } });
-    listBytes = (await res.arrayBuffer()).byteLength;
-    listTimes.push(performance.now() - t);
+    listBytes = await get('/sandboxes');
+    times.list.push(performance.now() - t);
+    // A page of 100 somewhere in the list, and one session's boxes.
+    t = performance.now();
+    const first = (await client.sandboxes({ limit: 100 })).continue;
+    await get(`/sandboxes?limit=100&continue=${encodeURIComponent(first ?? '')}`);
+    times.page.push((performance.now() - t) / 2);
+    t = performance.now();
+    await client.sandboxes({ sessionId: `bench-session-${Math.floor(Math.random() * BOXES)}` });
+    times.session.push(performance.now() - t);
     t = performance.now();
     await client.status(`box-bench-${Math.floor(Math.random() * BOXES)}`);
-    statusTimes.push(performance.now() - t);
+    times.status.push(performance.now() - t);
   }
-  return {
-    listBytes,
-    list: { p50: percentile(listTimes, 50), p99: percentile(listTimes, 99) },
-    status: { p50: percentile(statusTimes, 50), p99: percentile(statusTimes, 99) },
-  };
+  const summary = (v: number[]) => ({ p50: percentile(v, 50), p99: percentile(v, 99) });
+  return { listBytes, list: summary(times.list), page: summary(times.page), session: summary(times.session), status: summary(times.status) };
 }
 
 type Rows = Array<[string, string, string]>;
@@ -406,6 +414,8 @@ async function main() {
         ['restarted with them', restarted],
       ] as const) {
         rows.push([`GET /sandboxes, ${where}, bridge that ${label}: p50 / p99`, `${ms(r.list.p50)} / ${ms(r.list.p99)} (${(r.listBytes / 1e6).toFixed(1)} MB)`, '<= 50 ms p50']);
+        rows.push([`GET /sandboxes?limit=100 (a page), bridge that ${label}: p50 / p99`, `${ms(r.page.p50)} / ${ms(r.page.p99)}`, '']);
+        rows.push([`GET /sandboxes?session_id= (one session), bridge that ${label}: p50 / p99`, `${ms(r.session.p50)} / ${ms(r.session.p99)}`, '']);
         rows.push([`GET /boxes/:id/status, bridge that ${label}: p50 / p99`, `${ms(r.status.p50)} / ${ms(r.status.p99)}`, '']);
         rows.push([`bridge RSS, bridge that ${label}`, `${r.rssMiB.toFixed(0)} MiB`, '<= 256 MiB']);
       }

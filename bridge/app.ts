@@ -1,14 +1,16 @@
-// The Express application: middleware order is request id/logging, security headers,
-// rate limit, bearer auth, routes, JSON errors. Everything it needs is passed in.
+// The Express application: middleware order is request id/logging, security headers, bearer
+// auth (failed attempts limited per source), request rate per token, the route's token scope,
+// routes, JSON errors. Everything it needs is passed in.
 import { randomUUID } from 'node:crypto';
 import express, { type Express } from 'express';
 import helmet from 'helmet';
 import type { Logger } from 'pino';
 import { pinoHttp } from 'pino-http';
-import { requireBearer, type TokenSource } from './http/auth.js';
+import type { KeyedLimiter } from '../common/rate-limit.js';
+import { authenticate, rateLimitByToken, requestToken } from './http/auth.js';
 import { errorHandler, notFoundRoute } from './http/errors.js';
-import { rateLimit } from './http/rate-limit.js';
-import type { TokenBuckets } from './http/token-bucket.js';
+import { requireScope } from './http/scopes.js';
+import type { TokenSource } from './http/tokens.js';
 import type { BridgeMetrics } from './metrics.js';
 import { openApiDocument } from './openapi.js';
 import { boxRoutes } from './routes/boxes.js';
@@ -25,7 +27,8 @@ import type { ProcessService } from './services/processes.js';
 export interface AppDeps {
   log: Logger;
   tokens: TokenSource;
-  buckets: TokenBuckets;
+  /** Requests per token name; failed authentications per source address. */
+  limits: { requests: KeyedLimiter; authFailures: KeyedLimiter };
   metrics: BridgeMetrics;
   boxes: BoxService;
   env: EnvService;
@@ -55,6 +58,11 @@ export function createApp(deps: AppDeps): Express {
         res.setHeader('X-Request-Id', id);
         return id;
       },
+      // Token names (never tokens) on each request's completion line.
+      customProps: (_req, res) => {
+        const token = requestToken(res as Parameters<typeof requestToken>[0]);
+        return token ? { tokenName: token.name } : {};
+      },
       customLogLevel: (_req, res, err) => (err || res.statusCode >= 500 ? 'error' : res.statusCode >= 400 ? 'info' : 'debug'),
       serializers: {
         req: (req: { id: unknown; method: string; url: string }) => ({ id: req.id, method: req.method, url: req.url }),
@@ -68,13 +76,23 @@ export function createApp(deps: AppDeps): Express {
     res.on('finish', () => {
       const route = req.route?.path ? `${req.baseUrl}${req.route.path}` : 'unmatched';
       end({ method: req.method, route, status: String(res.statusCode) });
+      const token = requestToken(res);
+      if (token) deps.metrics.tokenRequests.inc({ token: token.name, status: String(res.statusCode) });
     });
     next();
   });
 
   const api = express.Router();
-  api.use(rateLimit(deps.buckets, () => deps.metrics.rateLimited.inc({ reason: 'requests' })));
-  api.use(requireBearer(deps.tokens));
+  api.use(
+    authenticate({
+      tokens: deps.tokens,
+      failures: deps.limits.authFailures,
+      onFailure: (reason) => deps.metrics.authFailures.inc({ reason }),
+      onLimited: () => deps.metrics.rateLimited.inc({ reason: 'auth_failures' }),
+    }),
+  );
+  api.use(rateLimitByToken(deps.limits.requests, () => deps.metrics.rateLimited.inc({ reason: 'requests' })));
+  api.use(requireScope());
   const document = openApiDocument(deps.version);
   api.get('/openapi.json', (_req, res) => {
     res.json(document);

@@ -14,9 +14,13 @@ export const ConfigSchema = z
     METRICS_PORT: int(9090),
     HOST: z.string().default('0.0.0.0'),
     LOG_LEVEL: z.enum(LOG_LEVELS).default('info'),
-    /** The bearer token, or a file holding it (a mounted Secret; re-read when it changes). */
+    /**
+     * Bearer tokens (http/tokens.ts): one admin token, or a file holding it (a mounted Secret;
+     * re-read when it changes), and/or a file of named tokens with scopes.
+     */
     BRIDGE_TOKEN: z.string().min(16, 'must be at least 16 characters').optional(),
     BRIDGE_TOKEN_FILE: z.string().optional(),
+    BRIDGE_TOKENS_FILE: z.string().optional(),
     /** SandboxPool whose policy this bridge serves. */
     POOL_NAME: z.string().default('default'),
     /** Sandbox namespace used while the SandboxPool does not exist (it names its own). */
@@ -44,8 +48,16 @@ export const ConfigSchema = z
     MAX_PROCESSES_PER_BOX: int(32, 1),
     /** Bytes this replica may hold for JSON file reads at once (beyond: 429, retry). */
     TRANSFER_BUDGET_BYTES: int(192 * MiB, 1),
+    /** Requests per second and burst per token name (per replica). */
     RATE_LIMIT_RPS: int(100, 1),
     RATE_LIMIT_BURST: int(200, 1),
+    /** Requests without a valid token allowed per source address and minute (per replica). */
+    RATE_LIMIT_AUTH_FAILURES_PER_MINUTE: int(30, 1),
+    /**
+     * GET /cluster/capacity counts the requests of every pod on the box nodes (needs pods
+     * list/watch in all namespaces) instead of the boxes' only (docs/capacity.md).
+     */
+    CAPACITY_ALL_PODS: z.enum(['true', 'false']).default('false').transform((v) => v === 'true'),
     /** Express "trust proxy": set it (e.g. 1) behind an ingress so limits apply per real client. */
     TRUST_PROXY: z.string().default('false'),
     KUBE_TIMEOUT_MS: int(15_000, 100),
@@ -63,20 +75,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const parsed = ConfigSchema.safeParse(env);
   const problems = parsed.success ? [] : configProblems(parsed.error);
   // Checked here rather than in the schema so it is reported together with every other problem.
-  if (!env.BRIDGE_TOKEN && !env.BRIDGE_TOKEN_FILE) problems.push('BRIDGE_TOKEN: set BRIDGE_TOKEN or BRIDGE_TOKEN_FILE');
+  if (!env.BRIDGE_TOKEN && !env.BRIDGE_TOKEN_FILE && !env.BRIDGE_TOKENS_FILE) {
+    problems.push('BRIDGE_TOKEN: set BRIDGE_TOKEN, BRIDGE_TOKEN_FILE or BRIDGE_TOKENS_FILE');
+  }
   if (!env.BOXD_KEY && !env.BOXD_KEY_FILE) problems.push('BOXD_KEY: set BOXD_KEY or BOXD_KEY_FILE');
   if (!parsed.success || problems.length > 0) throw new ConfigError('bridge', problems);
-  const config = parsed.data;
-  if (config.BRIDGE_TOKEN_FILE) {
-    // Fail at start-up, not on the first request, when the mounted Secret is missing.
-    try {
-      readFileSync(config.BRIDGE_TOKEN_FILE, 'utf8');
-    } catch (err) {
-      throw new ConfigError('bridge', [`BRIDGE_TOKEN_FILE: cannot read ${config.BRIDGE_TOKEN_FILE} (${(err as Error).message})`]);
-    }
-  }
-  boxdKey(config);
-  return config;
+  // The token files themselves are read (and a start-up without any token refused) by createTokenSource.
+  boxdKey(parsed.data);
+  return parsed.data;
 }
 
 /** The boxd key as bytes, from BOXD_KEY or BOXD_KEY_FILE (read once: rotating it strands running boxes). */

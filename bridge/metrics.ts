@@ -10,6 +10,9 @@ export interface BridgeMetrics {
   healthy: Gauge;
   boxesCreated: Counter;
   rateLimited: Counter<'reason'>;
+  tokenRequests: Counter<'token' | 'status'>;
+  authFailures: Counter<'reason'>;
+  tokens: Gauge<'token'>;
   kubeDuration: Histogram<'operation'>;
   kubeErrors: Counter<'operation' | 'code'>;
 }
@@ -20,6 +23,8 @@ export interface MetricsState {
   maxBoxes?: () => number;
   /** Whether GET /api/v1/health would say "ok" (caches synced and watching). */
   healthy?: () => boolean;
+  /** Names of the bearer tokens this replica accepts now. */
+  tokenNames?: () => string[];
 }
 
 export function createMetrics(activeBoxes: () => number = () => 0, state: MetricsState = {}): BridgeMetrics {
@@ -72,9 +77,32 @@ export function createMetrics(activeBoxes: () => number = () => 0, state: Metric
     }),
     rateLimited: new Counter({
       name: 'sandbox_bridge_rate_limited_total',
-      help: 'Requests refused with 429, by reason (requests, execs, quota)',
+      help: 'Requests refused with 429, by reason (requests: over a token\'s rate, auth_failures: too many failed authentications from one source, execs, quota)',
       labelNames: ['reason'],
       registers: [registry],
+    }),
+    tokenRequests: new Counter({
+      name: 'sandbox_bridge_token_requests_total',
+      help: 'Authenticated API requests by token name and HTTP status',
+      labelNames: ['token', 'status'],
+      registers: [registry],
+    }),
+    authFailures: new Counter({
+      name: 'sandbox_bridge_auth_failures_total',
+      help: 'Requests without a valid bearer token, by reason (missing, invalid)',
+      labelNames: ['reason'],
+      registers: [registry],
+    }),
+    tokens: new Gauge({
+      name: 'sandbox_bridge_tokens',
+      help: 'Bearer tokens this replica accepts, by name (1 each): after a rotation, every replica should show the new name',
+      labelNames: ['token'],
+      registers: [registry],
+      collect() {
+        if (!state.tokenNames) return;
+        this.reset();
+        for (const name of state.tokenNames()) this.set({ token: name }, 1);
+      },
     }),
     kubeDuration: new Histogram({
       name: 'sandbox_bridge_kube_api_duration_seconds',

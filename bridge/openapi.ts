@@ -43,7 +43,22 @@ export function openApiDocument(version: string) {
       '/health': { get: { summary: 'Health and version info', responses: { '200': ok(S.Health), ...common } } },
       '/cluster/info': { get: { summary: 'Cluster metadata', responses: { '200': ok(S.ClusterInfo), ...common } } },
       '/cluster/nodes': { get: { summary: 'Node list', responses: { '200': ok(S.NodeList), ...common } } },
-      '/sandboxes': { get: { summary: 'Boxes in the sandbox namespace', responses: { '200': ok(S.SandboxList), ...common } } },
+      '/cluster/capacity': {
+        get: { summary: 'Requested and allocatable resources of the nodes boxes can run on, and the pool headroom', responses: { '200': ok(S.ClusterCapacity), ...common } },
+      },
+      '/sandboxes': {
+        get: {
+          summary: 'Boxes in the sandbox namespace, oldest first; optionally filtered and paged',
+          parameters: Object.entries(S.SandboxesQuery.shape).map(([name, field]) => ({
+            name,
+            in: 'query',
+            required: false,
+            schema: schema(field.unwrap(), 'input'),
+            description: field.description,
+          })),
+          responses: { '200': ok(S.SandboxList), ...errors(400), ...common },
+        },
+      },
       '/sandboxes/metrics': {
         get: { summary: 'Box resource usage (needs metrics-server)', responses: { '200': ok(S.PodMetricsList), ...common } },
       },

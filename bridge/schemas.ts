@@ -270,8 +270,30 @@ export const SandboxList = z.object({
       memory: z.string(),
     }),
   ),
-  total: z.number().int(),
+  total: z.number().int().describe('Boxes matching the filter, on every page'),
   namespace: z.string(),
+  continue: z.string().optional().describe('Present when more boxes match: pass it as ?continue= (with the same filter) for the next page'),
+});
+
+/** GET /sandboxes: optional filter and pages, oldest box first (then by name). */
+export const SandboxesQuery = z
+  .object({
+    session_id: z.string().min(1).max(1024).optional().describe('Only the boxes of this session'),
+    status: BoxStatus.shape.status.optional().describe('Only boxes in this status'),
+    limit: z.coerce.number().int().min(1).max(1000).optional().describe('At most this many boxes per page (1-1000)'),
+    continue: z.string().min(1).max(1024).optional().describe('The continue token of the previous page'),
+  })
+  .strict();
+export type SandboxesQuery = z.infer<typeof SandboxesQuery>;
+
+const UsedOfTotal = z.object({ used: z.number(), total: z.number() });
+export const ClusterCapacity = z.object({
+  cpu: UsedOfTotal.extend({ unit: z.literal('cores') }).describe('Requested and allocatable cores of the nodes boxes can be scheduled on'),
+  memory: UsedOfTotal.extend({ unit: z.literal('MiB') }),
+  pods: UsedOfTotal,
+  boxes: z
+    .object({ active: z.number().int(), warm: z.number().int(), max: z.number().int() })
+    .describe("The pool's boxes: active now, warm (pre-started, unclaimed) and its global cap"),
 });
 
 export const PodMetricsList = z.object({

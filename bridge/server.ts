@@ -5,7 +5,6 @@ import type { Server } from 'node:http';
 import { readFileSync } from 'node:fs';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { BridgeError } from '../common/errors.js';
 import { loadKubeConfig, makeApiClient } from '../common/kube.js';
 import { createLogger } from '../common/logger.js';
 import { DEFAULT_BOX_IMAGE, withDefaults } from '../common/pool.js';
@@ -13,17 +12,21 @@ import { createProbeServer, listen } from '../common/probe-server.js';
 import { createApp } from './app.js';
 import { BoxdClient } from './boxd/client.js';
 import { boxdKey, trustProxySetting, type Config } from './config.js';
-import { fileToken, staticToken } from './http/auth.js';
+import { KeyedLimiter } from '../common/rate-limit.js';
+import { admitUpgrade } from './http/auth.js';
 import { terminalUpgrades } from './http/terminals.js';
-import { TokenBuckets } from './http/token-bucket.js';
+import { createTokenSource } from './http/tokens.js';
 import { BoxCache } from './kube/box-cache.js';
 import { BoxSecrets } from './kube/box-secrets.js';
 import { instrumentedCall } from './kube/instrument.js';
+import { NodeCache } from './kube/node-cache.js';
+import { PodRequestsCache } from './kube/pod-requests.js';
 import { WatchedPolicy, type PolicySource } from './kube/policy.js';
 import { createMetrics } from './metrics.js';
 import { BoxConnector } from './services/box-connector.js';
 import { BoxService } from './services/boxes.js';
 import { ByteBudget } from './services/byte-budget.js';
+import { CapacityService } from './services/capacity.js';
 import { ClusterService } from './services/cluster.js';
 import { EnvService } from './services/env.js';
 import { ExecService } from './services/exec.js';
@@ -66,6 +69,14 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const log = options.log ?? createLogger('sandbox-bridge', config.LOG_LEVEL);
   const kc = options.kc ?? loadKubeConfig();
   const startedAt = Date.now();
+  // First, so a bad token configuration stops the start-up before any watch is opened.
+  const tokens = createTokenSource({
+    token: config.BRIDGE_TOKEN,
+    tokenFile: config.BRIDGE_TOKEN_FILE,
+    tokensFile: config.BRIDGE_TOKENS_FILE,
+    log,
+  });
+  log.info({ tokenNames: tokens.names() }, 'bearer tokens loaded');
 
   const fallback = withDefaults({
     namespace: config.SANDBOX_NAMESPACE,
@@ -80,8 +91,15 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const metrics = createMetrics(() => cache.activeCount(), {
     maxBoxes: () => policy.current().maxBoxes,
     healthy: () => cache.isHealthy() && policy.isHealthy(),
+    tokenNames: () => tokens.names(),
   });
   await startWithin(cache.start(), config.STARTUP_TIMEOUT_MS, `the box watch in namespace ${namespace}`);
+
+  // Not awaited: only the node views and capacity need them, and they answer 503 until synced.
+  const nodes = new NodeCache(kc, log);
+  void nodes.start();
+  const allPods = config.CAPACITY_ALL_PODS ? new PodRequestsCache(kc, log) : undefined;
+  void allPods?.start();
 
   const call = instrumentedCall(metrics);
   const core = makeApiClient(kc, k8s.CoreV1Api, config.KUBE_TIMEOUT_MS);
@@ -130,14 +148,18 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     namespace,
     bridgeVersion: BRIDGE_VERSION,
     startedAt,
+    nodes,
+    capacity: new CapacityService({ nodes, boxes: cache, policy, ...(allPods ? { allPods } : {}) }),
   });
-  const tokens = config.BRIDGE_TOKEN_FILE ? fileToken(config.BRIDGE_TOKEN_FILE, log) : staticToken(config.BRIDGE_TOKEN!);
-  const buckets = new TokenBuckets(config.RATE_LIMIT_RPS, config.RATE_LIMIT_BURST);
 
+  const limits = {
+    requests: KeyedLimiter.fromRate(config.RATE_LIMIT_RPS, config.RATE_LIMIT_BURST),
+    authFailures: new KeyedLimiter(config.RATE_LIMIT_AUTH_FAILURES_PER_MINUTE, 60),
+  };
   const app = createApp({
     log,
     tokens,
-    buckets,
+    limits,
     metrics,
     boxes,
     env,
@@ -154,12 +176,19 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const terminals = terminalUpgrades({
     terminals: new TerminalService({ connector, boxd }),
     log,
-    admit: (req, token) => {
-      if (!buckets.take(req.socket.remoteAddress ?? 'unknown').allowed) {
-        throw new BridgeError('rate_limited', 'too many requests', { headers: { 'Retry-After': '1' } });
-      }
-      if (!token || !tokens.matches(token)) throw new BridgeError('unauthorized', token ? 'invalid bearer token' : 'missing bearer token');
-    },
+    admit: (req, presented) =>
+      admitUpgrade(
+        {
+          tokens,
+          failures: limits.authFailures,
+          requests: limits.requests,
+          scope: 'boxes:write',
+          onFailure: (reason) => metrics.authFailures.inc({ reason }),
+          onLimited: () => metrics.rateLimited.inc({ reason: 'auth_failures' }),
+        },
+        { ip: req.socket.remoteAddress },
+        presented,
+      ).then(() => undefined),
   });
   apiServer.on('upgrade', terminals.onUpgrade);
   await new Promise<void>((resolve, reject) => {
@@ -198,6 +227,8 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       boxd.close();
       tokens.close();
       cache.stop();
+      nodes.stop();
+      allPods?.stop();
       watched?.stop();
       await new Promise<void>((resolve) => probes.close(() => resolve()));
       log.info('bridge stopped');

@@ -67,7 +67,7 @@ const EXEC_OK = { exit_code: 0, stdout: 'hi\n', stderr: '', duration_ms: 12, tim
 describe('requests', () => {
   test('every endpoint: method, path, query, auth header and body', async () => {
     const { fetch, seen } = scriptedFetch(
-      ...Array.from({ length: 14 }, (_, i) => (i === 4 ? new Response('line\n', { status: 200 }) : json(200, { ok: i }))),
+      ...Array.from({ length: 16 }, (_, i) => (i === 4 ? new Response('line\n', { status: 200 }) : json(200, { ok: i }))),
     );
     const c = createBridgeClient({ url: `${BASE}/`, token: 'tok', fetch });
     await c.health();
@@ -84,6 +84,8 @@ describe('requests', () => {
     await c.setEnv('box-1', { A: '1' });
     await c.status('box-1');
     await c.openapi();
+    await c.getCapacity();
+    await c.sandboxes({ sessionId: 's 1', status: 'Running', limit: 50, continue: 'abc' });
 
     expect(seen.map((r) => `${r.method} ${r.url.pathname}${r.url.search}`)).toEqual([
       'GET /api/v1/health',
@@ -100,6 +102,8 @@ describe('requests', () => {
       'POST /api/v1/boxes/box-1/env',
       'GET /api/v1/boxes/box-1/status',
       'GET /api/v1/openapi.json',
+      'GET /api/v1/cluster/capacity',
+      'GET /api/v1/sandboxes?session_id=s+1&status=Running&limit=50&continue=abc',
     ]);
     for (const r of seen) expect(r.headers.authorization).toBe('Bearer tok');
     expect(JSON.parse(seen[6]!.body!)).toEqual({ sessionId: 's1', cpu: 0.5, memory: 256 });

@@ -8,6 +8,7 @@ import type {
   BoxCreated,
   BoxDeleted,
   BoxStatus,
+  ClusterCapacity,
   ClusterInfo,
   CreateBoxRequest,
   EnvUpdated,
@@ -26,6 +27,7 @@ import type {
   ProcessList,
   ProcessSignal,
   SandboxList,
+  SandboxesQuery,
   StartProcessRequest,
   StdinWritten,
 } from './types.js';
@@ -54,12 +56,24 @@ export interface FileReadOptions extends CallOptions {
   base64?: boolean;
 }
 
+/** GET /sandboxes filter and page. */
+export interface SandboxesOptions extends CallOptions {
+  sessionId?: string;
+  status?: SandboxesQuery['status'];
+  /** At most this many boxes (1-1000); the answer's `continue` then fetches the next page. */
+  limit?: number;
+  continue?: string;
+}
+
 export interface BridgeClient {
   readonly url: string;
   health(opts?: CallOptions): Promise<Health>;
   clusterInfo(opts?: CallOptions): Promise<ClusterInfo>;
   nodes(opts?: CallOptions): Promise<NodeList>;
-  sandboxes(opts?: CallOptions): Promise<SandboxList>;
+  /** Requested and allocatable resources of the nodes boxes can run on, and the pool's box headroom. */
+  getCapacity(opts?: CallOptions): Promise<ClusterCapacity>;
+  /** Boxes, oldest first; with a limit, one page (pass the answer's `continue` for the next). */
+  sandboxes(opts?: SandboxesOptions): Promise<SandboxList>;
   /** Plain-text logs of a box pod; tailLines keeps the last N lines. */
   logs(podName: string, opts?: CallOptions & { tailLines?: number }): Promise<string>;
   metrics(opts?: CallOptions): Promise<PodMetricsList>;
@@ -108,7 +122,18 @@ export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
     health: (opts) => get('health', '/health', opts),
     clusterInfo: (opts) => get('cluster info', '/cluster/info', opts),
     nodes: (opts) => get('nodes', '/cluster/nodes', opts),
-    sandboxes: (opts) => get('sandboxes', '/sandboxes', opts),
+    getCapacity: (opts) => get('capacity', '/cluster/capacity', opts),
+    sandboxes: (opts = {}) =>
+      call(
+        {
+          operation: 'sandboxes',
+          method: 'GET',
+          path: '/sandboxes',
+          query: { session_id: opts.sessionId, status: opts.status, limit: opts.limit, continue: opts.continue },
+          expect: 'json',
+        },
+        opts,
+      ),
     logs: (podName, opts = {}) =>
       call(
         { operation: 'logs', method: 'GET', path: `/sandboxes/${encodeURIComponent(podName)}/logs`, query: { tailLines: opts.tailLines }, expect: 'text' },

@@ -14,11 +14,14 @@ export type ExecRequest = z.input<typeof S.ExecRequest>;
 export type SetEnvRequest = z.input<typeof S.SetEnvRequest>;
 export type StartProcessRequest = z.input<typeof S.StartProcessRequest>;
 export type ProcessSignal = (typeof S.SIGNALS)[number];
+/** GET /sandboxes query parameters, as the bridge names them. */
+export type SandboxesQuery = z.input<typeof S.SandboxesQuery>;
 
 export type Health = z.output<typeof S.Health>;
 export type ClusterInfo = z.output<typeof S.ClusterInfo>;
 export type NodeList = z.output<typeof S.NodeList>;
 export type SandboxList = z.output<typeof S.SandboxList>;
+export type ClusterCapacity = z.output<typeof S.ClusterCapacity>;
 export type PodMetricsList = z.output<typeof S.PodMetricsList>;
 export type BoxCreated = z.output<typeof S.BoxCreated>;
 export type BoxStatus = z.output<typeof S.BoxStatus>;

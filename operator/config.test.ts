@@ -1,3 +1,6 @@
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { ConfigError, loadConfig } from './config.js';
 
 test('defaults', () => {
@@ -18,4 +21,30 @@ test('bad values are reported by variable name', () => {
   expect(() => loadConfig({ LOG_LEVEL: 'loud', METRICS_PORT: '99999' })).toThrow(ConfigError);
   expect(() => loadConfig({ LOG_LEVEL: 'loud', METRICS_PORT: '99999' })).toThrow(/LOG_LEVEL[\s\S]*METRICS_PORT|METRICS_PORT[\s\S]*LOG_LEVEL/);
   expect(() => loadConfig({ LEASE_DURATION_SECONDS: '3', LEASE_RENEW_SECONDS: '2' })).toThrow(/LEASE_RENEW_SECONDS/);
+});
+
+test('webhooks: endpoints and signing key from their files; bad files stop the start', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'op-config-'));
+  try {
+    const file = join(dir, 'webhooks.json');
+    writeFileSync(file, JSON.stringify({ endpoints: [{ url: 'https://hooks.example/a', events: ['oom_killed'] }, { url: 'https://hooks.example/b', format: 'slack' }] }));
+    writeFileSync(join(dir, 'key'), 'secret\n');
+    const c = loadConfig({ WEBHOOKS_FILE: file, WEBHOOK_SIGNING_KEY_FILE: join(dir, 'key') });
+    expect(c.webhooks).toEqual({
+      endpoints: [
+        { url: 'https://hooks.example/a', events: ['oom_killed'], format: 'json' },
+        { url: 'https://hooks.example/b', format: 'slack' },
+      ],
+      signingKey: 'secret',
+    });
+    expect(loadConfig({ WEBHOOKS_FILE: file, WEBHOOK_SIGNING_KEY_FILE: join(dir, 'absent') }).webhooks.signingKey).toBeUndefined();
+    expect(loadConfig({}).webhooks).toEqual({ endpoints: [] });
+    writeFileSync(file, JSON.stringify({ endpoints: [{ url: 'ftp://x', events: ['sneezed'] }] }));
+    expect(() => loadConfig({ WEBHOOKS_FILE: file })).toThrow(/WEBHOOKS_FILE: endpoints\.0\.url[\s\S]*WEBHOOKS_FILE: endpoints\.0\.events\.0/);
+    writeFileSync(file, '{');
+    expect(() => loadConfig({ WEBHOOKS_FILE: file })).toThrow(/WEBHOOKS_FILE: .* is not valid JSON/);
+    expect(() => loadConfig({ WEBHOOKS_FILE: join(dir, 'nope.json') })).toThrow(/WEBHOOKS_FILE: cannot read/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

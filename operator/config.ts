@@ -1,10 +1,12 @@
 // Operator configuration from the environment, validated up front so a bad value stops the
 // process with a message naming the variable instead of failing later.
 import { ConfigError, configProblems } from '../common/config.js';
+import { existsSync, readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
 import { z } from 'zod';
 import { LOG_LEVELS } from '../common/logger.js';
+import { WebhooksFile, type WebhookEndpoint } from './webhooks.js';
 
 const port = z.coerce.number().int().min(1).max(65535);
 const positiveInt = z.coerce.number().int().positive();
@@ -25,9 +27,22 @@ export const ConfigSchema = z.object({
   REAP_CONCURRENCY: positiveInt.max(256).default(32),
   REAP_BATCH: positiveInt.default(1000),
   ORPHAN_SECRET_GRACE_SECONDS: z.coerce.number().int().min(0).default(30),
+  /** A box Pending longer than this is reported (event, metric, webhook) as stuck. */
+  STUCK_PENDING_SECONDS: positiveInt.default(300),
+  /** Box-failure webhooks (operator/webhooks.ts): a JSON file {"endpoints": [...]}, usually a mounted Secret. */
+  WEBHOOKS_FILE: z.string().min(1).optional(),
+  /** The HMAC-SHA256 signing key of webhook deliveries, in a file (a mounted Secret). */
+  WEBHOOK_SIGNING_KEY_FILE: z.string().min(1).optional(),
+  WEBHOOK_DEBOUNCE_SECONDS: z.coerce.number().int().min(0).default(60),
+  WEBHOOK_MAX_ATTEMPTS: positiveInt.max(20).default(6),
+  WEBHOOK_TIMEOUT_SECONDS: positiveInt.max(120).default(10),
 });
 
-export type OperatorConfig = z.infer<typeof ConfigSchema> & { identity: string };
+export type OperatorConfig = z.infer<typeof ConfigSchema> & {
+  identity: string;
+  /** From WEBHOOKS_FILE and WEBHOOK_SIGNING_KEY_FILE, read and checked at start-up. */
+  webhooks: { endpoints: WebhookEndpoint[]; signingKey?: string };
+};
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): OperatorConfig {
   const parsed = ConfigSchema.safeParse(env);
@@ -37,7 +52,34 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): OperatorConfig
     throw new ConfigError('operator', ['LEASE_RENEW_SECONDS must be at most half of LEASE_DURATION_SECONDS']);
   }
   // Unique per process even when two replicas share a host name (client-go does the same).
-  return { ...c, identity: `${c.POD_NAME ?? hostname()}_${randomUUID().slice(0, 8)}` };
+  return { ...c, identity: `${c.POD_NAME ?? hostname()}_${randomUUID().slice(0, 8)}`, webhooks: readWebhooks(c) };
+}
+
+function readWebhooks(c: z.infer<typeof ConfigSchema>): OperatorConfig['webhooks'] {
+  const read = (variable: string, path: string) => {
+    try {
+      return readFileSync(path, 'utf8');
+    } catch (err) {
+      throw new ConfigError('operator', [`${variable}: cannot read ${path} (${(err as Error).message})`]);
+    }
+  };
+  let endpoints: WebhookEndpoint[] = [];
+  if (c.WEBHOOKS_FILE) {
+    let json: unknown;
+    try {
+      json = JSON.parse(read('WEBHOOKS_FILE', c.WEBHOOKS_FILE));
+    } catch (err) {
+      if (err instanceof ConfigError) throw err;
+      throw new ConfigError('operator', [`WEBHOOKS_FILE: ${c.WEBHOOKS_FILE} is not valid JSON (${(err as Error).message})`]);
+    }
+    const parsed = WebhooksFile.safeParse(json);
+    if (!parsed.success) throw new ConfigError('operator', configProblems(parsed.error).map((p) => `WEBHOOKS_FILE: ${p}`));
+    endpoints = parsed.data.endpoints;
+  }
+  // A Secret without the key (Slack-only endpoints need none) leaves deliveries unsigned;
+  // createWebhooks says so in the log.
+  const signingKey = c.WEBHOOK_SIGNING_KEY_FILE && existsSync(c.WEBHOOK_SIGNING_KEY_FILE) ? read('WEBHOOK_SIGNING_KEY_FILE', c.WEBHOOK_SIGNING_KEY_FILE).trim() : undefined;
+  return { endpoints, ...(signingKey ? { signingKey } : {}) };
 }
 
 export { ConfigError };

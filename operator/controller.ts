@@ -10,8 +10,10 @@ import { BOX_SELECTOR, LABELS } from '../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool } from '../common/pool.js';
 import { CHILD_SELECTOR } from './children.js';
 import { EventRecorder } from './events.js';
+import { BoxHealthMonitor } from './health-monitor.js';
 import type { OperatorMetrics } from './metrics.js';
 import { PoolReconciler, SeenBoxes, type Caches, type Lister } from './pool-reconciler.js';
+import type { WebhookNotifier } from './webhooks.js';
 import { WorkQueue } from './work-queue.js';
 
 export interface ControllerOptions {
@@ -25,6 +27,9 @@ export interface ControllerOptions {
   maxReapsPerPass?: number;
   deleteConcurrency?: number;
   orphanGraceMs?: number;
+  /** Box health reports (health-monitor.ts): the Pending threshold, and webhooks if configured. */
+  stuckPendingMs?: number;
+  webhooks?: WebhookNotifier;
 }
 
 const LIST_TIMEOUT_MS = 120_000;
@@ -35,6 +40,7 @@ export class Controller {
   private readonly pools: ResilientInformer<SandboxPool & k8s.KubernetesObject>;
   private readonly pods: ResilientInformer<k8s.V1Pod>;
   private readonly reconciler: PoolReconciler;
+  private readonly health: BoxHealthMonitor;
   private readonly seenBoxes = new SeenBoxes();
   private queue: WorkQueue | undefined;
   private running: Array<Promise<void>> = [];
@@ -43,6 +49,15 @@ export class Controller {
   constructor(private readonly o: ControllerOptions) {
     this.log = o.log.child({ component: 'controller' });
     const core = makeApiClient(o.kc, k8s.CoreV1Api, LIST_TIMEOUT_MS);
+    const events = new EventRecorder(core, o.log, o.identity);
+    this.health = new BoxHealthMonitor({
+      events,
+      poolOf: (pod) => this.poolOf(pod),
+      metrics: o.metrics,
+      ...(o.webhooks ? { webhooks: o.webhooks } : {}),
+      stuckPendingMs: o.stuckPendingMs ?? 300_000,
+      log: o.log.child({ component: 'box-health' }),
+    });
     const net = makeApiClient(o.kc, k8s.NetworkingV1Api, LIST_TIMEOUT_MS);
     const custom = makeApiClient(o.kc, k8s.CustomObjectsApi, LIST_TIMEOUT_MS);
     const informer = <T extends k8s.KubernetesObject>(
@@ -68,7 +83,8 @@ export class Controller {
     );
     this.pods = informer(
       '/api/v1/pods',
-      () => listPaged((page) => core.listPodForAllNamespaces({ labelSelector: BOX_SELECTOR, ...page }), slim),
+      // Health sees each listed pod whole, before it is trimmed.
+      () => listPaged((page) => core.listPodForAllNamespaces({ labelSelector: BOX_SELECTOR, ...page }), (pod) => slim(this.observed(pod))),
       BOX_SELECTOR,
     );
     const secrets = informer(
@@ -96,7 +112,8 @@ export class Controller {
     for (const event of ['add', 'update', 'delete'] as const) {
       this.pools.on(event, (pool) => this.enqueue(pool.metadata.name));
       this.pods.on(event, (pod) => {
-        if (event !== 'delete') slim(pod);
+        if (event === 'delete') this.health.forget(pod);
+        else slim(this.observed(pod));
         if (event !== 'delete' && this.queue) this.seenBoxesFor(pod);
         this.enqueueNamespace(pod.metadata?.namespace);
       });
@@ -124,7 +141,7 @@ export class Controller {
       caches,
       log: o.log.child({ component: 'reconciler' }),
       metrics: o.metrics,
-      events: new EventRecorder(core, o.log, o.identity),
+      events,
       seenBoxes: this.seenBoxes,
       ...(o.maxReapsPerPass ? { maxReapsPerPass: o.maxReapsPerPass } : {}),
       ...(o.deleteConcurrency ? { deleteConcurrency: o.deleteConcurrency } : {}),
@@ -161,6 +178,7 @@ export class Controller {
       if (this.queue !== queue) return;
       for (const pool of this.pools.list()) queue.add(pool.metadata.name);
       this.running = Array.from({ length: workers }, () => this.work(queue));
+      this.health.startLeading();
       this.log.info({ workers }, 'workers started');
     });
   }
@@ -170,6 +188,7 @@ export class Controller {
     const queue = this.queue;
     if (!queue) return;
     this.queue = undefined;
+    this.health.stopLeading();
     queue.shutDown();
     await Promise.all(this.running);
     this.running = [];
@@ -206,6 +225,19 @@ export class Controller {
   private enqueueNamespace(namespace: string | undefined): void {
     if (!namespace || !this.queue) return;
     for (const pool of this.pools.list()) if (pool.spec?.namespace === namespace) this.queue.add(pool.metadata.name);
+  }
+
+  private observed(pod: k8s.V1Pod): k8s.V1Pod {
+    this.health.observe(pod);
+    return pod;
+  }
+
+  /** The pool a box pod belongs to: its pool label, else the pool governing its namespace. */
+  private poolOf(pod: k8s.V1Pod): SandboxPool | undefined {
+    const ns = pod.metadata?.namespace;
+    const labelled = this.pools.get(pod.metadata?.labels?.[LABELS.pool] ?? '');
+    if (labelled?.spec?.namespace === ns) return labelled;
+    return this.pools.list().find((p) => p.spec?.namespace === ns);
   }
 
   private seenBoxesFor(pod: k8s.V1Pod): void {

@@ -1,12 +1,15 @@
-// Kubernetes Events on a SandboxPool (kubectl describe sbp <name> shows them). The API server
+// Kubernetes Events on a SandboxPool (kubectl describe sbp <name> shows them), and once-only
+// events on box pods (recordOnce). The API server
 // only accepts events about a cluster-scoped object in the `default` namespace (as client-go
-// records them for nodes), so that is where they go. Like client-go's event spam filter, each pool gets a burst
-// of individual events and then a refill rate; what the limit holds back is summed into one
-// summary event per reconcile, so reaping 10,000 boxes does not become 10,000 more writes.
-import { randomBytes } from 'node:crypto';
+// records them for nodes), so that is where they go. Like client-go's event spam filter, each pool
+// gets a burst of individual events per window (an average of one a second); what the limit holds
+// back is summed into one summary event per reconcile, so reaping 10,000 boxes does not become
+// 10,000 more writes.
+import { createHash, randomBytes } from 'node:crypto';
 import type * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { apiMessage } from '../common/kube.js';
+import { apiMessage, isConflict } from '../common/kube.js';
+import { KeyedLimiter } from '../common/rate-limit.js';
 import { POOL_API_VERSION, POOL_KIND, type SandboxPool } from '../common/pool.js';
 
 export const EVENT_COMPONENT = 'sandbox-bridge-operator';
@@ -19,7 +22,7 @@ export interface EventSpec {
 }
 
 export class EventRecorder {
-  private readonly buckets = new Map<string, { tokens: number; at: number }>();
+  private readonly limiter: KeyedLimiter;
   private readonly suppressed = new Map<string, Map<string, number>>();
 
   constructor(
@@ -27,17 +30,18 @@ export class EventRecorder {
     private readonly log: Logger,
     private readonly instance: string,
     private readonly now: () => number = Date.now,
-    private readonly burst = 25,
-    private readonly refillPerSecond = 1,
-  ) {}
+    burst = 25,
+    perSecond = 1,
+  ) {
+    this.limiter = KeyedLimiter.fromRate(perSecond, burst);
+  }
 
   /** Records the event unless the pool's budget is spent; then it is counted for flush(). */
-  record(pool: SandboxPool, event: EventSpec): Promise<void> {
-    if (this.take(pool.metadata.name)) return this.write(pool, event);
+  async record(pool: SandboxPool, event: EventSpec): Promise<void> {
+    if ((await this.limiter.take(pool.metadata.name)).allowed) return this.write(pool, event);
     const byReason = this.suppressed.get(pool.metadata.name) ?? new Map<string, number>();
     byReason.set(event.reason, (byReason.get(event.reason) ?? 0) + 1);
     this.suppressed.set(pool.metadata.name, byReason);
-    return Promise.resolve();
   }
 
   /** Writes one summary event for what record() held back for this pool. */
@@ -54,44 +58,54 @@ export class EventRecorder {
   }
 
   forget(poolName: string): void {
-    this.buckets.delete(poolName);
     this.suppressed.delete(poolName);
   }
 
-  private take(key: string): boolean {
-    const now = this.now();
-    const b = this.buckets.get(key) ?? { tokens: this.burst, at: now };
-    b.tokens = Math.min(this.burst, b.tokens + ((now - b.at) / 1000) * this.refillPerSecond);
-    b.at = now;
-    this.buckets.set(key, b);
-    if (b.tokens < 1) return false;
-    b.tokens -= 1;
-    return true;
+  /**
+   * Records an event about `target` once per `key`: the event's name is derived from the target's
+   * UID and the key, so the API server refuses a second one (409), whichever replica, leader or
+   * process tries. Not rate limited: the caller records one event per occurrence.
+   */
+  async recordOnce(target: k8s.V1ObjectReference & { name: string; namespace: string; uid: string }, key: string, event: EventSpec): Promise<'created' | 'exists' | 'failed'> {
+    const name = `${target.name}.${createHash('sha256').update(`${target.uid}/${key}`).digest('hex').slice(0, 16)}`;
+    try {
+      await this.create(target.namespace, name, target, event);
+      return 'created';
+    } catch (err) {
+      if (isConflict(err)) return 'exists';
+      this.log.warn({ err: apiMessage(err), reason: event.reason, object: `${target.namespace}/${target.name}` }, 'could not record event');
+      return 'failed';
+    }
   }
 
   private async write(pool: SandboxPool, event: EventSpec): Promise<void> {
-    const now = new Date(this.now());
-    const namespace = EVENT_NAMESPACE;
+    const name = `${pool.metadata.name}.${this.now().toString(16)}${randomBytes(4).toString('hex')}`;
+    const target = { apiVersion: POOL_API_VERSION, kind: POOL_KIND, name: pool.metadata.name, uid: pool.metadata.uid };
     try {
-      await this.core.createNamespacedEvent({
-        namespace,
-        body: {
-          metadata: { name: `${pool.metadata.name}.${now.getTime().toString(16)}${randomBytes(4).toString('hex')}`, namespace },
-          involvedObject: { apiVersion: POOL_API_VERSION, kind: POOL_KIND, name: pool.metadata.name, uid: pool.metadata.uid },
-          type: event.type,
-          reason: event.reason,
-          message: event.message.slice(0, 1024),
-          source: { component: EVENT_COMPONENT },
-          reportingComponent: EVENT_COMPONENT,
-          reportingInstance: this.instance,
-          firstTimestamp: now,
-          lastTimestamp: now,
-          count: 1,
-        },
-      });
+      await this.create(EVENT_NAMESPACE, name, target, event);
     } catch (err) {
       // Events are best effort: losing one must not fail a reconcile.
       this.log.debug({ err: apiMessage(err), reason: event.reason }, 'could not record event');
     }
+  }
+
+  private async create(namespace: string, name: string, involvedObject: k8s.V1ObjectReference, event: EventSpec): Promise<void> {
+    const now = new Date(this.now());
+    await this.core.createNamespacedEvent({
+      namespace,
+      body: {
+        metadata: { name, namespace },
+        involvedObject,
+        type: event.type,
+        reason: event.reason,
+        message: event.message.slice(0, 1024),
+        source: { component: EVENT_COMPONENT },
+        reportingComponent: EVENT_COMPONENT,
+        reportingInstance: this.instance,
+        firstTimestamp: now,
+        lastTimestamp: now,
+        count: 1,
+      },
+    });
   }
 }

@@ -10,6 +10,7 @@ import { loadConfig } from './config.js';
 import { Controller } from './controller.js';
 import { LeaderElector } from './leader-election.js';
 import { createOperatorMetrics } from './metrics.js';
+import { createWebhooks } from './webhooks.js';
 
 async function main(): Promise<void> {
   const config = loadOrExit(() => loadConfig(), 'sandbox-bridge operator: ');
@@ -18,6 +19,7 @@ async function main(): Promise<void> {
   const metrics = createOperatorMetrics();
   metrics.leader.set(0);
 
+  const webhooks = createWebhooks(config, log, metrics);
   const controller = new Controller({
     kc,
     log,
@@ -28,6 +30,8 @@ async function main(): Promise<void> {
     maxReapsPerPass: config.REAP_BATCH,
     deleteConcurrency: config.REAP_CONCURRENCY,
     orphanGraceMs: config.ORPHAN_SECRET_GRACE_SECONDS * 1000,
+    stuckPendingMs: config.STUCK_PENDING_SECONDS * 1000,
+    ...(webhooks ? { webhooks } : {}),
   });
 
   let shuttingDown = false;
@@ -66,6 +70,7 @@ async function main(): Promise<void> {
     // Workers first, so nothing reconciles after the lease is handed over.
     await controller.stopWorkers();
     await elector.stop(true);
+    webhooks?.stop();
     controller.stopCaches();
     probes.close();
     log.info('stopped');

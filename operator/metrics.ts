@@ -28,6 +28,23 @@ export function createOperatorMetrics(registry = new Registry()) {
       labelNames: ['reason'] as const,
       registers: [registry],
     }),
+    boxFailures: new Counter({
+      name: 'sandbox_operator_box_failures_total',
+      help: 'Box failures reported (each occurrence once), by reason (oom_killed, crashed, image_pull_failed, stuck_pending, evicted) and pool.',
+      labelNames: ['reason', 'pool'] as const,
+      registers: [registry],
+    }),
+    webhookDeliveries: new Counter({
+      name: 'sandbox_operator_webhook_deliveries_total',
+      help: 'Box-failure webhook deliveries by result (delivered, failed: gave up after retries or refused, dropped: queue full).',
+      labelNames: ['result'] as const,
+      registers: [registry],
+    }),
+    webhookRetries: new Counter({
+      name: 'sandbox_operator_webhook_retries_total',
+      help: 'Webhook delivery attempts that were retried after a network error, timeout, 429 or 5xx.',
+      registers: [registry],
+    }),
     childApplies: new Counter({
       name: 'sandbox_operator_child_applies_total',
       help: 'Server-side applies of pool children (creations and drift repairs), by kind.',

@@ -1,63 +1,112 @@
-// Bearer-token authentication. The token comes from BRIDGE_TOKEN or from a file (a mounted
-// Secret) that is re-read when it changes, so rotating the Secret needs no restart.
-import { createHash, timingSafeEqual } from 'node:crypto';
-import { readFileSync, unwatchFile, watchFile } from 'node:fs';
-import type { RequestHandler } from 'express';
-import type { Logger } from 'pino';
+// Bearer-token authentication, then the request-rate limit of the token it found. A request
+// without a valid token counts against a smaller limit of failed attempts per source address,
+// so a flood of bad tokens is answered cheaply and never uses up a real client's limit.
+import type { Request, RequestHandler, Response } from 'express';
 import { BridgeError } from '../../common/errors.js';
+import type { KeyedLimiter, LimitResult } from '../../common/rate-limit.js';
+import { hasScope, type Scope, type Token, type TokenSource } from './tokens.js';
 
-export interface TokenSource {
-  /** Constant-time check of a presented token. */
-  matches(presented: string): boolean;
-  close(): void;
+const BEARER = /^Bearer\s+(\S+)\s*$/i;
+
+export interface AuthOptions {
+  tokens: TokenSource;
+  /** Failed authentications per source address. */
+  failures: KeyedLimiter;
+  onFailure?: (reason: 'missing' | 'invalid') => void;
+  onLimited?: () => void;
 }
 
-const digest = (value: string) => createHash('sha256').update(value, 'utf8').digest();
-
-/** Compares SHA-256 digests, so neither the length nor the content leaks through timing. */
-function makeMatcher(expected: string) {
-  const want = digest(expected);
-  return (presented: string) => timingSafeEqual(digest(presented), want);
+/** The token of an authenticated request (set by authenticate()). */
+export function requestToken(res: Response): Token | undefined {
+  return res.locals.token as Token | undefined;
 }
 
-export function staticToken(token: string): TokenSource {
-  const matches = makeMatcher(token);
-  return { matches, close: () => undefined };
-}
-
-/** Reads the token from `path` now and whenever the file changes (polled: Secret volumes swap symlinks). */
-export function fileToken(path: string, log: Logger, intervalMs = 2000): TokenSource {
-  const read = () => {
-    const token = readFileSync(path, 'utf8').trim();
-    if (token.length < 16) throw new Error(`token in ${path} is shorter than 16 characters`);
-    return token;
-  };
-  let matches = makeMatcher(read());
-  const onChange = () => {
-    try {
-      matches = makeMatcher(read());
-      log.info({ file: path }, 'bearer token reloaded');
-    } catch (err) {
-      // Keep serving with the previous token rather than locking every client out.
-      log.error({ file: path, err: (err as Error).message }, 'could not reload the bearer token; keeping the previous one');
+export function authenticate(o: AuthOptions): RequestHandler {
+  return async (req, res, next) => {
+    const match = BEARER.exec(req.headers.authorization ?? '');
+    const token = match ? o.tokens.identify(match[1]!) : undefined;
+    if (token) {
+      res.locals.token = token;
+      req.log = req.log?.child({ tokenName: token.name });
+      return next();
     }
-  };
-  watchFile(path, { interval: intervalMs }, onChange);
-  return {
-    matches: (presented) => matches(presented),
-    close: () => unwatchFile(path, onChange),
+    o.onFailure?.(match ? 'invalid' : 'missing');
+    const limit = await o.failures.take(sourceKey(req));
+    if (!limit.allowed) {
+      o.onLimited?.();
+      return next(limited(res, limit, 'too many requests without a valid bearer token from this address'));
+    }
+    res.setHeader('WWW-Authenticate', 'Bearer realm="sandbox-bridge"');
+    next(new BridgeError('unauthorized', match ? 'invalid bearer token' : 'missing bearer token (Authorization: Bearer <token>)'));
   };
 }
 
-export function requireBearer(tokens: TokenSource): RequestHandler {
-  return (req, res, next) => {
-    const header = req.headers.authorization ?? '';
-    const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
-    if (!match || !tokens.matches(match[1]!)) {
-      res.setHeader('WWW-Authenticate', 'Bearer realm="sandbox-bridge"');
-      next(new BridgeError('unauthorized', match ? 'invalid bearer token' : 'missing bearer token (Authorization: Bearer <token>)'));
-      return;
+/**
+ * The checks of authenticate(), rateLimitByToken() and the route's scope, for a request Express
+ * never sees (a WebSocket upgrade): resolves with the token, or rejects with the error to answer.
+ */
+export async function admitUpgrade(
+  o: AuthOptions & { requests: KeyedLimiter; scope: Scope },
+  source: Pick<Request, 'ip'>,
+  presented: string | undefined,
+): Promise<Token> {
+  const token = presented ? o.tokens.identify(presented) : undefined;
+  if (!token) {
+    o.onFailure?.(presented ? 'invalid' : 'missing');
+    const limit = await o.failures.take(sourceKey(source));
+    if (!limit.allowed) {
+      o.onLimited?.();
+      throw new BridgeError('rate_limited', 'too many requests without a valid bearer token from this address', {
+        headers: { 'Retry-After': String(limit.resetSeconds) },
+      });
     }
-    next();
+    throw new BridgeError('unauthorized', presented ? 'invalid bearer token' : 'missing bearer token (Authorization: Bearer <token>)');
+  }
+  const limit = await o.requests.take(token.name);
+  if (!limit.allowed) throw new BridgeError('rate_limited', `token "${token.name}" is over its request rate`, { headers: { 'Retry-After': String(limit.resetSeconds) } });
+  if (!hasScope(token, o.scope)) throw new BridgeError('forbidden', `token "${token.name}" lacks the scope ${o.scope}, which a terminal needs`);
+  return token;
+}
+
+/** The request-rate limit per token name (after authenticate()). */
+export function rateLimitByToken(limiter: KeyedLimiter, onLimited?: () => void): RequestHandler {
+  return async (_req, res, next) => {
+    const token = requestToken(res);
+    if (!token) return next(new BridgeError('unauthorized', 'not authenticated'));
+    const limit = await limiter.take(token.name);
+    setLimitHeaders(res, limit, limiter.windowSeconds);
+    if (limit.allowed) return next();
+    onLimited?.();
+    next(limited(res, limit, `token "${token.name}" is over its request rate (${limit.limit} per ${limiter.windowSeconds} s, per bridge replica)`));
   };
+}
+
+function setLimitHeaders(res: Response, limit: LimitResult, windowSeconds: number): void {
+  res.setHeader('RateLimit-Policy', `${limit.limit};w=${Math.ceil(windowSeconds)}`);
+  res.setHeader('RateLimit-Limit', String(limit.limit));
+  res.setHeader('RateLimit-Remaining', String(limit.remaining));
+  res.setHeader('RateLimit-Reset', String(limit.resetSeconds));
+}
+
+function limited(res: Response, limit: LimitResult, message: string): BridgeError {
+  if (!res.hasHeader('RateLimit-Limit')) {
+    res.setHeader('RateLimit-Limit', String(limit.limit));
+    res.setHeader('RateLimit-Remaining', '0');
+    res.setHeader('RateLimit-Reset', String(limit.resetSeconds));
+  }
+  return new BridgeError('rate_limited', `${message}; retry in ${limit.resetSeconds} s`, { headers: { 'Retry-After': String(limit.resetSeconds) } });
+}
+
+/**
+ * The source a failed attempt is counted against: the client address (behind a proxy, the one
+ * TRUST_PROXY lets Express take from X-Forwarded-For); IPv6 by its /64, which one host can fill.
+ */
+export function sourceKey(req: Pick<Request, 'ip'>): string {
+  const ip = req.ip ?? 'unknown';
+  if (!ip.includes(':') || ip.startsWith('::ffff:')) return ip;
+  const [head = '', tail] = ip.split('::');
+  const front = head ? head.split(':') : [];
+  const back = tail ? tail.split(':') : [];
+  const groups = tail === undefined ? front : [...front, ...Array<string>(Math.max(0, 8 - front.length - back.length)).fill('0'), ...back];
+  return `${groups.slice(0, 4).map((g) => g.toLowerCase()).join(':')}::/64`;
 }

@@ -20,8 +20,8 @@ const PTY_PATH = /^\/api\/v1\/boxes\/([^/]+)\/pty$/;
 
 export interface TerminalUpgradeDeps {
   terminals: TerminalService;
-  /** Throws a BridgeError (401, 429) unless the request may proceed. */
-  admit: (req: IncomingMessage, token: string | undefined) => void;
+  /** Rejects with a BridgeError (401, 403, 429) unless the request may proceed. */
+  admit: (req: IncomingMessage, token: string | undefined) => Promise<void>;
   log: Logger;
 }
 
@@ -37,7 +37,7 @@ export function terminalUpgrades(deps: TerminalUpgradeDeps) {
     const url = new URL(req.url ?? '/', 'http://bridge');
     const match = PTY_PATH.exec(url.pathname);
     if (!match) throw new BridgeError('not_found', `no WebSocket route ${url.pathname}`);
-    deps.admit(req, presentedToken(req));
+    await deps.admit(req, presentedToken(req));
     const query = PtyQuery.safeParse(Object.fromEntries(url.searchParams));
     if (!query.success) throw new BridgeError('invalid_request', describeIssues(query.error));
     const boxId = decodeURIComponent(match[1]!);

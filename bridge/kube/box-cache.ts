@@ -150,7 +150,8 @@ export function trimPod(pod: k8s.V1Pod): void {
   if (spec) {
     pod.spec = {
       nodeName: spec.nodeName,
-      containers: spec.containers.map((c) => ({ name: c.name, image: c.image, resources: { limits: c.resources?.limits ?? {} } })),
+      // requests: what GET /cluster/capacity counts as used
+      containers: spec.containers.map((c) => ({ name: c.name, image: c.image, resources: { limits: c.resources?.limits ?? {}, requests: c.resources?.requests } })),
     } as k8s.V1PodSpec;
   }
   const status = pod.status;

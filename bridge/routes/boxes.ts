@@ -5,7 +5,7 @@ import { BridgeError } from '../../common/errors.js';
 import { CreateBoxRequest, SetEnvRequest } from '../schemas.js';
 import type { BoxService } from '../services/boxes.js';
 import type { EnvService } from '../services/env.js';
-import { boxIdOf, parse } from './parse.js';
+import { boxIdOf, parse } from '../http/parse.js';
 
 const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
 

@@ -1,8 +1,8 @@
 // /api/v1/health, /cluster/*, /sandboxes*: read-only views.
 import { Router } from 'express';
-import { LogsQuery } from '../schemas.js';
+import { parse } from '../http/parse.js';
+import { LogsQuery, SandboxesQuery } from '../schemas.js';
 import type { ClusterService } from '../services/cluster.js';
-import { parse } from './parse.js';
 
 export function clusterRoutes(cluster: ClusterService): Router {
   const router = Router();
@@ -16,8 +16,11 @@ export function clusterRoutes(cluster: ClusterService): Router {
   router.get('/cluster/nodes', async (_req, res) => {
     res.json(await cluster.nodeList());
   });
-  router.get('/sandboxes', (_req, res) => {
-    res.type('application/json').send(cluster.sandboxesJson());
+  router.get('/cluster/capacity', async (_req, res) => {
+    res.json(await cluster.capacity());
+  });
+  router.get('/sandboxes', (req, res) => {
+    res.type('application/json').send(cluster.sandboxesJson(parse(SandboxesQuery, req.query)));
   });
   // Before /sandboxes/:podName/logs so "metrics" is never taken for a pod name.
   router.get('/sandboxes/metrics', async (_req, res) => {

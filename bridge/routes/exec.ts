@@ -5,7 +5,7 @@ import { ExecRequest, ProcessOutputQuery, SignalRequest, StartProcessRequest, St
 import type { ExecService } from '../services/exec.js';
 import type { ProcessService } from '../services/processes.js';
 import { Utf8Chunks, ndjsonStream, wantsNdjson } from '../http/ndjson.js';
-import { boxIdOf, parse } from './parse.js';
+import { boxIdOf, parse } from '../http/parse.js';
 
 export function execRoutes(deps: { exec: ExecService; processes: ProcessService }): Router {
   const { exec, processes } = deps;

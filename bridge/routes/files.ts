@@ -5,7 +5,7 @@ import { pipeline } from 'node:stream/promises';
 import { Router } from 'express';
 import { ArchiveQuery, FileDeleteQuery, FileListQuery, FileQuery } from '../schemas.js';
 import type { FileService } from '../services/files.js';
-import { boxIdOf, contentLength, parse } from './parse.js';
+import { boxIdOf, contentLength, parse } from '../http/parse.js';
 
 export function fileRoutes(deps: { files: FileService }): Router {
   const { files } = deps;

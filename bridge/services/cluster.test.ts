@@ -1,11 +1,14 @@
-// GET /sandboxes serialization and its caching: pure logic over a hand-filled box list.
+// GET /sandboxes: filter, pages, serialization and caching; pure logic over a hand-filled box list.
 import type * as k8s from '@kubernetes/client-node';
+import { BridgeError } from '../../common/errors.js';
+import { ANNOTATIONS } from '../../common/labels.js';
 import type { BoxReader } from '../kube/box-cache.js';
+import { SandboxList } from '../schemas.js';
 import { ClusterService, type ClusterServiceDeps } from './cluster.js';
 
-function pod(name: string, created: string, phase = 'Running'): k8s.V1Pod {
+function pod(name: string, created: string, phase = 'Running', session = 'session-1'): k8s.V1Pod {
   return {
-    metadata: { name, namespace: 'sandboxes', creationTimestamp: new Date(created), labels: {}, annotations: {} },
+    metadata: { name, namespace: 'sandboxes', creationTimestamp: new Date(created), labels: {}, annotations: { [ANNOTATIONS.sessionId]: session } },
     spec: { nodeName: 'node-1', containers: [{ name: 'box', image: 'box:1', resources: { limits: { cpu: '1', memory: '512Mi' } } }] },
     status: { phase },
   };
@@ -27,6 +30,7 @@ function setup(pods: k8s.V1Pod[]) {
     service,
     list: () => JSON.parse(service.sandboxesJson()) as { sandboxes: Array<{ name: string; age_seconds: number; status: string }>; total: number },
     change: () => version++,
+    page: (query: Parameters<ClusterService['listSandboxes']>[0]) => service.listSandboxes(query),
     advance: (ms: number) => (nowMs += ms),
     listCalls: () => listCalls,
   };
@@ -72,5 +76,76 @@ describe('ClusterService.sandboxesJson', () => {
       ['a', 'Terminated'],
       ['b', 'Pending'],
     ]);
+  });
+});
+
+describe('ClusterService.listSandboxes', () => {
+  const pods = () =>
+    Array.from({ length: 10 }, (_, i) =>
+      pod(`box-${i}`, `2026-01-01T00:00:${String(i).padStart(2, '0')}Z`, i % 3 === 0 ? 'Pending' : 'Running', i % 2 ? 'odd' : 'even'),
+    );
+
+  it('answers in the shape of the response schema, with no continue token when everything fits', () => {
+    const t = setup(pods());
+    for (const body of [t.page({}), t.page({ limit: 3 }), t.page({ status: 'Pending', session_id: 'even' })]) {
+      expect(SandboxList.parse(body)).toEqual(body); // no missing and no unknown fields
+    }
+    expect(t.page({})).not.toHaveProperty('continue');
+  });
+
+  it('serializes to exactly JSON.stringify of the objects', () => {
+    const t = setup(pods());
+    for (const query of [{}, { limit: 3 }, { session_id: 'odd', status: 'Running' as const }, { session_id: 'x"\\y' }]) {
+      expect(t.service.sandboxesJson(query)).toBe(JSON.stringify(t.page(query)));
+    }
+  });
+
+  it('filters by session and status; total counts every match', () => {
+    const t = setup(pods());
+    const odd = t.page({ session_id: 'odd' });
+    expect(odd.sandboxes.map((s) => s.name)).toEqual(['box-1', 'box-3', 'box-5', 'box-7', 'box-9']);
+    expect(odd.total).toBe(5);
+    expect(t.page({ session_id: 'even', status: 'Pending' }).sandboxes.map((s) => s.name)).toEqual(['box-0', 'box-6']);
+    expect(t.page({ session_id: 'nobody' })).toEqual({ sandboxes: [], total: 0, namespace: 'sandboxes' });
+  });
+
+  it('pages through in a stable order; boxes created or deleted between pages neither repeat nor shift', () => {
+    const list = pods();
+    const t = setup(list);
+    const first = t.page({ limit: 4 });
+    expect(first.sandboxes.map((s) => s.name)).toEqual(['box-0', 'box-1', 'box-2', 'box-3']);
+    expect(first.total).toBe(10);
+    // Between pages: the next box is deleted, an old one goes, a new one arrives.
+    list.splice(4, 1);
+    list.splice(0, 1);
+    list.push(pod('box-new', '2026-01-01T00:00:30Z'));
+    t.change();
+    const second = t.page({ limit: 4, continue: first.continue });
+    expect(second.sandboxes.map((s) => s.name)).toEqual(['box-5', 'box-6', 'box-7', 'box-8']);
+    const third = t.page({ limit: 4, continue: second.continue });
+    expect(third.sandboxes.map((s) => s.name)).toEqual(['box-9', 'box-new']);
+    expect(third.continue).toBeUndefined();
+  });
+
+  it('pages of a filtered list carry on within the filter', () => {
+    const t = setup(pods());
+    const first = t.page({ session_id: 'even', limit: 2 });
+    const rest = t.page({ session_id: 'even', limit: 10, continue: first.continue });
+    expect([...first.sandboxes, ...rest.sandboxes].map((s) => s.name)).toEqual(['box-0', 'box-2', 'box-4', 'box-6', 'box-8']);
+  });
+
+  it('refuses a continue token that is not one, or belongs to another filter', () => {
+    const t = setup(pods());
+    const token = t.page({ limit: 2 }).continue!;
+    const error = (query: Parameters<ClusterService['listSandboxes']>[0]) => {
+      try {
+        t.page(query);
+      } catch (err) {
+        return err instanceof BridgeError ? [err.type, err.message] : err;
+      }
+      return undefined;
+    };
+    expect(error({ continue: 'garbage' })).toEqual(['invalid_request', expect.stringContaining('not a continue token')]);
+    expect(error({ continue: token, status: 'Running' })).toEqual(['invalid_request', expect.stringContaining('another session_id or status filter')]);
   });
 });

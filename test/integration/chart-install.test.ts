@@ -129,6 +129,7 @@ test('ServiceAccount permissions: what the bridge needs where it needs it, nothi
     ['get', 'pods', sandboxNs, 'log', true],
     ['update', 'secrets', sandboxNs, undefined, true],
     ['list', 'nodes', undefined, undefined, true],
+    ['watch', 'nodes', undefined, undefined, true],
     ['watch', 'sandboxpools', undefined, undefined, true],
     // Namespaced: nothing in other namespaces, nothing cluster-wide.
     ['create', 'pods', 'default', undefined, false],
@@ -137,7 +138,6 @@ test('ServiceAccount permissions: what the bridge needs where it needs it, nothi
     ['list', 'secrets', sandboxNs, undefined, false],
     ['patch', 'pods', sandboxNs, undefined, false],
     ['delete', 'secrets', sandboxNs, undefined, false],
-    ['watch', 'nodes', undefined, undefined, false],
     ['update', 'sandboxpools', undefined, undefined, false],
   ];
   const results = [];
@@ -163,6 +163,7 @@ test('the bridge, with only the chart RBAC, serves a whole box lifecycle; a miss
   expect(metrics).toMatch(/^sandbox_bridge_process_start_time_seconds \d+/m);
   expect((await call('GET', '/cluster/nodes')).status).toBe(200);
   expect((await call('GET', '/cluster/info')).status).toBe(200);
+  expect((await call('GET', '/cluster/capacity')).json).toMatchObject({ boxes: { active: 0, warm: 0, max: 50 }, cpu: { unit: 'cores' } });
 
   const created = await call('POST', '/boxes', { sessionId: `chart-${id}`, env: { GREETING: 'hello' } });
   expect(created.status).toBe(201);

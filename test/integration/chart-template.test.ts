@@ -4,7 +4,9 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type * as k8s from '@kubernetes/client-node';
 import { load } from 'js-yaml';
+import { parseTokensFile } from '../../bridge/http/tokens.js';
 import { createMetrics } from '../../bridge/metrics.js';
+import { createOperatorMetrics } from '../../operator/metrics.js';
 import { CHART, MONITORING_APIS, ROOT, TOKEN, helm, template, type Doc } from '../chart/helm.js';
 
 const BRIDGE = 'rel-sandbox-bridge-bridge';
@@ -19,7 +21,7 @@ const BRIDGE_NAMESPACED_RULES = [
   { apiGroups: ['metrics.k8s.io'], resources: ['pods'], verbs: ['list'] },
 ];
 const BRIDGE_CLUSTER_RULES = [
-  { apiGroups: [''], resources: ['nodes'], verbs: ['list'] },
+  { apiGroups: [''], resources: ['nodes'], verbs: ['list', 'watch'] },
   { apiGroups: ['sandbox-bridge.io'], resources: ['sandboxpools'], verbs: ['list', 'watch'] },
 ];
 
@@ -57,7 +59,7 @@ describe('chart metadata and defaults', () => {
     const v = load(readFileSync(join(CHART, 'values.yaml'), 'utf8')) as any;
     expect(v.replicaCount).toBe(2);
     expect(v.service).toMatchObject({ type: 'ClusterIP', port: 8080 });
-    expect(v.secret).toEqual({ token: '', existingSecret: '', tokenKey: 'token' });
+    expect(v.secret).toEqual({ token: '', tokens: [], existingSecret: '', tokenKey: 'token', tokensKey: 'tokens.json' });
     expect(v.ingress).toMatchObject({ enabled: false, host: '', className: '', tls: true });
     expect(v.ingress.clusterIssuer).toBeTruthy();
     expect(v.autoscaling).toEqual({ enabled: false, minReplicas: 2, maxReplicas: 10, targetCPUUtilization: 70, targetMemoryUtilization: 80 });
@@ -106,15 +108,19 @@ describe('token', () => {
     expect(out.stderr).toContain('at least 16 characters');
   });
 
-  test('secret.token: the chart creates the Secret, mounts it as a file, and rolls pods when it changes', () => {
+  test('secret.token: the chart creates the Secret, mounts it as files, and rolls pods when it changes', () => {
     const out = template();
     const secret = out.one('Secret', 'rel-sandbox-bridge-token');
+    expect(Object.keys(secret.data)).toEqual(['token']);
     expect(Buffer.from(secret.data.token, 'base64').toString()).toBe(TOKEN);
     const dep = out.one('Deployment', BRIDGE);
     expect(env(dep).BRIDGE_TOKEN_FILE).toBe('/var/run/secrets/sandbox-bridge/token');
+    expect(env(dep).BRIDGE_TOKENS_FILE).toBe('/var/run/secrets/sandbox-bridge/tokens.json');
     expect(env(dep).BRIDGE_TOKEN).toBeUndefined();
+    // The whole Secret (no items), so a key added or removed later appears or disappears as a file.
     const volume = dep.spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'token');
-    expect(volume.secret).toMatchObject({ secretName: 'rel-sandbox-bridge-token', items: [{ key: 'token', path: 'token' }] });
+    expect(volume.secret.secretName).toBe('rel-sandbox-bridge-token');
+    expect(volume.secret.items).toBeUndefined();
     // No subPath: only a whole-directory Secret volume is updated in place on rotation.
     const mount = containers(dep)[0]!.volumeMounts!.find((m) => m.name === 'token')!;
     expect(mount.subPath).toBeUndefined();
@@ -125,14 +131,48 @@ describe('token', () => {
     expect(rotated.spec.template.metadata.annotations['checksum/token']).not.toBe(checksum);
   });
 
-  test('secret.existingSecret: no Secret rendered; the pods mount the named one under tokenKey', () => {
-    const out = template({ secret: { existingSecret: 'my-token', tokenKey: 'bridge-token' } });
+  test('secret.existingSecret: no Secret rendered; the pods mount the named one and read tokenKey / tokensKey', () => {
+    const out = template({ secret: { existingSecret: 'my-token', tokenKey: 'bridge-token', tokensKey: 'named.json' } });
     expect(out.status).toBe(0);
     expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key']);
     const dep = out.one('Deployment', BRIDGE);
     const volume = dep.spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'token');
-    expect(volume.secret).toMatchObject({ secretName: 'my-token', items: [{ key: 'bridge-token', path: 'token' }] });
+    expect(volume.secret.secretName).toBe('my-token');
+    expect(volume.secret.items).toBeUndefined();
+    expect(env(dep)).toMatchObject({
+      BRIDGE_TOKEN_FILE: '/var/run/secrets/sandbox-bridge/bridge-token',
+      BRIDGE_TOKENS_FILE: '/var/run/secrets/sandbox-bridge/named.json',
+    });
     expect(dep.spec.template.metadata.annotations?.['checksum/token']).toBeUndefined();
+  });
+
+  test('secret.tokens: named tokens with scopes go into the Secret as the JSON list the bridge reads', () => {
+    const tokens = [
+      { name: 'agents', token: `${TOKEN}-agents`, scopes: ['boxes:read', 'boxes:write'] },
+      { name: 'grafana', sha256: 'a'.repeat(64), scopes: ['cluster:read', 'sandboxes:read'] },
+    ];
+    const out = template({ secret: { tokens } });
+    expect(out.status).toBe(0);
+    const secret = out.one('Secret', 'rel-sandbox-bridge-token');
+    expect(Object.keys(secret.data)).toEqual(['tokens.json']);
+    const json = Buffer.from(secret.data['tokens.json'], 'base64').toString();
+    expect(parseTokensFile(json, 'tokens.json')).toEqual(tokens);
+    // Both at once: the single token keeps working beside the named ones (a migration step).
+    const both = template({ secret: { token: TOKEN, tokens } }).one('Secret', 'rel-sandbox-bridge-token');
+    expect(Object.keys(both.data).sort()).toEqual(['token', 'tokens.json']);
+  });
+
+  test('secret.tokens: the schema refuses unknown scopes, short tokens and entries with neither token nor sha256', () => {
+    for (const bad of [
+      { name: 'a', token: `${TOKEN}`, scopes: ['root'] },
+      { name: 'a', token: 'short', scopes: ['admin'] },
+      { name: 'a', scopes: ['admin'] },
+      { name: 'Not_A_Label', token: TOKEN, scopes: ['admin'] },
+    ]) {
+      const out = template({ secret: { tokens: [bad] } });
+      expect({ bad, status: out.status }).toEqual({ bad, status: 1 });
+      expect(out.stderr).toMatch(/values don't meet the specifications of the schema/);
+    }
   });
 });
 
@@ -185,6 +225,14 @@ describe('RBAC', () => {
     expect(out.one('ClusterRole', BRIDGE).rules).toEqual([...BRIDGE_CLUSTER_RULES, ...BRIDGE_NAMESPACED_RULES]);
   });
 
+  test('capacity.allPods: pods list/watch in every namespace, only then; the bridge is told', () => {
+    const off = template();
+    expect(env(off.one('Deployment', BRIDGE)).CAPACITY_ALL_PODS).toBe('false');
+    const on = template({ secret: { token: TOKEN }, capacity: { allPods: true } });
+    expect(env(on.one('Deployment', BRIDGE)).CAPACITY_ALL_PODS).toBe('true');
+    expect(on.one('ClusterRole', BRIDGE).rules).toEqual([...BRIDGE_CLUSTER_RULES, { apiGroups: [''], resources: ['pods'], verbs: ['list', 'watch'] }]);
+  });
+
   test('rbac.create=false: no bridge RBAC', () => {
     const out = template({ secret: { token: TOKEN }, rbac: { create: false } });
     const names = out.docs.filter((d) => /Role/.test(d.kind)).map((d) => d.metadata.name);
@@ -213,6 +261,65 @@ describe('RBAC', () => {
     expect(rules).toContainEqual({ apiGroups: ['sandbox-bridge.io'], resources: ['sandboxpools/status'], verbs: ['update'] });
     const env = Object.fromEntries(containers(out.one('Deployment', OPERATOR))[0]!.env!.map((e) => [e.name, e.value]));
     expect(env).toMatchObject({ LEASE_NAMESPACE: 'bridge-ns', LEASE_NAME: OPERATOR });
+  });
+});
+
+describe('operator box health and webhooks', () => {
+  test('defaults: the Pending threshold, no webhooks, no webhook Secret or volume; events may be created', () => {
+    const out = template();
+    const dep = out.one('Deployment', OPERATOR);
+    expect(env(dep)).toMatchObject({ STUCK_PENDING_SECONDS: '300' });
+    expect(env(dep).WEBHOOKS_FILE).toBeUndefined();
+    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-token']);
+    expect(dep.spec.template.spec.volumes.map((v: k8s.V1Volume) => v.name)).toEqual(['tmp']);
+    expect(out.one('ClusterRole', OPERATOR).rules).toContainEqual({ apiGroups: [''], resources: ['events'], verbs: ['create'] });
+  });
+
+  test('endpoints and a signing key: a Secret mounted as files, tunables as env, a rollout when they change', () => {
+    const endpoints = [
+      { url: 'https://alerts.example.com/hooks/sandbox', events: ['oom_killed', 'evicted'] },
+      { url: 'https://hooks.slack.com/services/T/B/X', format: 'slack' },
+    ];
+    const values = { secret: { token: TOKEN }, operator: { health: { stuckPendingSeconds: 120 }, webhooks: { endpoints, signingKey: 'sign-me', debounceSeconds: 30, maxAttempts: 4, timeoutSeconds: 5 } } };
+    const out = template(values);
+    const secret = out.one('Secret', `${OPERATOR}-webhooks`);
+    expect(JSON.parse(Buffer.from(secret.data['webhooks.json'], 'base64').toString())).toEqual({ endpoints });
+    expect(Buffer.from(secret.data['signing-key'], 'base64').toString()).toBe('sign-me');
+    const dep = out.one('Deployment', OPERATOR);
+    expect(env(dep)).toMatchObject({
+      STUCK_PENDING_SECONDS: '120',
+      WEBHOOKS_FILE: '/var/run/secrets/sandbox-bridge-webhooks/webhooks.json',
+      WEBHOOK_SIGNING_KEY_FILE: '/var/run/secrets/sandbox-bridge-webhooks/signing-key',
+      WEBHOOK_DEBOUNCE_SECONDS: '30',
+      WEBHOOK_MAX_ATTEMPTS: '4',
+      WEBHOOK_TIMEOUT_SECONDS: '5',
+    });
+    // No URL or key in the pod spec itself.
+    expect(JSON.stringify(dep)).not.toContain('hooks.slack.com');
+    expect(JSON.stringify(dep)).not.toContain('sign-me');
+    expect(dep.spec.template.spec.volumes).toContainEqual(expect.objectContaining({ name: 'webhooks', secret: expect.objectContaining({ secretName: `${OPERATOR}-webhooks` }) }));
+    const checksum = dep.spec.template.metadata.annotations['checksum/webhooks'];
+    expect(checksum).toMatch(/^[0-9a-f]{64}$/);
+    const changed = template({ ...values, operator: { ...values.operator, webhooks: { ...values.operator.webhooks, signingKey: 'other' } } });
+    expect(changed.one('Deployment', OPERATOR).spec.template.metadata.annotations['checksum/webhooks']).not.toBe(checksum);
+  });
+
+  test('existingSecret: mounted, nothing rendered; egress rules join the operator NetworkPolicy', () => {
+    const egress = [{ to: [{ ipBlock: { cidr: '203.0.113.0/24' } }], ports: [{ port: 443, protocol: 'TCP' }] }];
+    const out = template({ secret: { token: TOKEN }, operator: { webhooks: { existingSecret: 'my-hooks', egress } } });
+    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-token']);
+    const dep = out.one('Deployment', OPERATOR);
+    expect(env(dep)).toMatchObject({ WEBHOOKS_FILE: '/var/run/secrets/sandbox-bridge-webhooks/webhooks.json', WEBHOOK_SIGNING_KEY_FILE: '/var/run/secrets/sandbox-bridge-webhooks/signing-key' });
+    expect(dep.spec.template.spec.volumes).toContainEqual(expect.objectContaining({ name: 'webhooks', secret: expect.objectContaining({ secretName: 'my-hooks' }) }));
+    expect(out.one('NetworkPolicy', OPERATOR).spec.egress).toEqual(expect.arrayContaining(egress));
+    expect(out.one('NetworkPolicy', BRIDGE).spec.egress).not.toEqual(expect.arrayContaining(egress));
+  });
+
+  test('the schema refuses bad endpoints', () => {
+    for (const endpoint of [{ url: 'ftp://x' }, { url: 'https://x', events: ['sneezed'] }, { url: 'https://x', format: 'xml' }]) {
+      const out = template({ secret: { token: TOKEN }, operator: { webhooks: { endpoints: [endpoint] } } });
+      expect({ endpoint, status: out.status }).toEqual({ endpoint, status: 1 });
+    }
   });
 });
 
@@ -329,16 +436,55 @@ describe('monitoring', () => {
     expect(out.one('Service', BRIDGE).spec.ports.map((p: k8s.V1ServicePort) => p.name)).toEqual(['http']);
 
     const rules = out.one('PrometheusRule').spec.groups[0].rules as Array<{ alert: string; expr: string }>;
-    expect(rules.map((r) => r.alert)).toEqual(['SandboxBridgeBoxesNearLimit', 'SandboxBridgeRestarted', 'SandboxBridgeUnhealthy']);
+    expect(rules.map((r) => r.alert)).toEqual([
+      'SandboxBridgeBoxesNearLimit',
+      'SandboxBridgeRestarted',
+      'SandboxBridgeUnhealthy',
+      'SandboxBoxesOOMKilled',
+      'SandboxBoxesCrashing',
+      'SandboxBoxImagePullFailing',
+      'SandboxBoxesStuckPending',
+      'SandboxBoxesEvicted',
+    ]);
     const byName = Object.fromEntries(rules.map((r) => [r.alert, r.expr]));
     expect(byName.SandboxBridgeBoxesNearLimit).toMatch(/sandbox_bridge_boxes_active.*> 0\.8 \* .*sandbox_bridge_boxes_limit/s);
     expect(byName.SandboxBridgeRestarted).toMatch(/time\(\) - sandbox_bridge_process_start_time_seconds.*< 60/s);
     expect(byName.SandboxBridgeUnhealthy).toContain('sandbox_bridge_healthy');
-    // Every metric an alert names is one the bridge really exports.
-    const exported = new Set((await createMetrics().registry.getMetricsAsJSON()).map((m) => m.name));
+    expect(byName.SandboxBoxesOOMKilled).toBe(
+      'sum by (pool) (increase(sandbox_operator_box_failures_total{namespace="bridge-ns", job="rel-sandbox-bridge-operator-metrics", reason="oom_killed"}[15m])) > 5',
+    );
+    expect(byName.SandboxBoxesEvicted).toMatch(/reason="evicted"\}\[15m\]\)\) > 0$/);
+    // Every metric an alert names is one the bridge or the operator really exports.
+    const exported = new Set([
+      ...(await createMetrics().registry.getMetricsAsJSON()).map((m) => m.name),
+      ...(await createOperatorMetrics().registry.getMetricsAsJSON()).map((m) => m.name),
+    ]);
     for (const expr of Object.values(byName)) {
-      for (const name of expr.match(/sandbox_bridge_[a-z_]+/g) ?? []) expect({ name, exported: exported.has(name) }).toEqual({ name, exported: true });
+      for (const name of expr.match(/sandbox_(bridge|operator)_[a-z_]+/g) ?? []) expect({ name, exported: exported.has(name) }).toEqual({ name, exported: true });
     }
+  });
+
+  test('the Grafana dashboard: off by default; a ConfigMap with the sidecar label holding dashboards/sandbox-bridge.json', () => {
+    expect(template().all('ConfigMap')).toHaveLength(0);
+    const out = template({ secret: { token: TOKEN }, metrics: { grafanaDashboard: { enabled: true, folder: 'Platform', namespace: 'monitoring' } } });
+    const cm = out.one('ConfigMap', 'rel-sandbox-bridge-dashboard');
+    expect(cm.metadata.namespace).toBe('monitoring');
+    expect(cm.metadata.labels).toMatchObject({ grafana_dashboard: '1' });
+    expect(cm.metadata.annotations).toEqual({ grafana_folder: 'Platform' });
+    expect(JSON.parse(cm.data['sandbox-bridge.json'])).toEqual(JSON.parse(readFileSync(join(CHART, 'dashboards/sandbox-bridge.json'), 'utf8')));
+    const relabelled = template({ secret: { token: TOKEN }, metrics: { grafanaDashboard: { enabled: true, label: 'dashboards', labelValue: 'sandbox' } } });
+    expect(relabelled.one('ConfigMap').metadata.labels).toMatchObject({ dashboards: 'sandbox' });
+  });
+
+  test('box failure alert thresholds and window come from values', () => {
+    const out = template(
+      { secret: { token: TOKEN }, metrics: { prometheusRule: { boxFailures: { window: '1h', oomKilled: 20, crashed: 5, imagePullFailed: 0, stuckPending: 2, evicted: 0 } } } },
+      { apiVersions: MONITORING_APIS },
+    );
+    const rules = out.one('PrometheusRule').spec.groups[0].rules as Array<{ alert: string; expr: string }>;
+    const expr = (alert: string) => rules.find((r) => r.alert === alert)!.expr;
+    expect(expr('SandboxBoxesOOMKilled')).toMatch(/\[1h\]\)\) > 20$/);
+    expect(expr('SandboxBoxesStuckPending')).toMatch(/reason="stuck_pending"\}\[1h\]\)\) > 2$/);
   });
 });
 

@@ -90,15 +90,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-boxd-key" (include "sandbox-bridge.fullname" .)) .Values.boxd.existingSecret }}
 {{- end }}
 
-{{/* The Secret holding the token: the chart's own, or existingSecret. Fails with a clear
-     message when neither is set, so a release can never come up without a token. */}}
+{{/* The Secret holding the tokens: the chart's own, or existingSecret. Fails with a clear
+     message when none is set, so a release can never come up without a token. */}}
 {{- define "sandbox-bridge.tokenSecretName" -}}
 {{- if .Values.secret.existingSecret }}
 {{- .Values.secret.existingSecret }}
-{{- else if .Values.secret.token }}
+{{- else if or .Values.secret.token .Values.secret.tokens }}
 {{- printf "%s-token" (include "sandbox-bridge.fullname" .) }}
 {{- else }}
-{{- fail "sandbox-bridge: a bearer token is required. Set secret.token (--set secret.token=$(openssl rand -hex 32)) or secret.existingSecret (the name of a Secret you created with key secret.tokenKey, default \"token\")." }}
+{{- fail "sandbox-bridge: a bearer token is required. Set secret.token (--set secret.token=$(openssl rand -hex 32)), secret.tokens (named tokens with scopes) or secret.existingSecret (the name of a Secret you created with key secret.tokenKey, default \"token\", and/or secret.tokensKey, default \"tokens.json\")." }}
 {{- end }}
 {{- end }}
 

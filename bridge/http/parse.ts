@@ -1,4 +1,5 @@
-// Request validation for the route handlers: a zod schema or a clear 400.
+// Request validation against the contract's zod schemas (a failure is a 400 naming each
+// problem), and the few request fields every route reads the same way.
 import type { Request } from 'express';
 import type { z } from 'zod';
 import { BridgeError } from '../../common/errors.js';

@@ -1,0 +1,37 @@
+// Which token scope each route needs, in one table (docs/tokens.md lists it for people). Paths are
+// relative to /api/v1. `admin` passes every check. A path no rule names needs `admin`, so a route
+// added later is closed to scoped tokens until it is placed here.
+import type { RequestHandler } from 'express';
+import { BridgeError } from '../../common/errors.js';
+import { hasScope, type Scope, type Token } from './tokens.js';
+
+const READ_METHODS = new Set(['GET', 'HEAD']);
+
+/** The scope a request needs; undefined: any valid token. */
+export function requiredScope(method: string, path: string): Scope | undefined {
+  if (path === '/health' || path === '/openapi.json') return undefined;
+  const read = READ_METHODS.has(method.toUpperCase());
+  if (path === '/boxes' || path.startsWith('/boxes/') || path === '/snapshots' || path.startsWith('/snapshots/')) {
+    // A terminal is a GET (the WebSocket upgrade) but types commands into the box.
+    return read && !path.endsWith('/pty') ? 'boxes:read' : 'boxes:write';
+  }
+  if (path.startsWith('/cluster/')) return read ? 'cluster:read' : 'admin';
+  if (path === '/sandboxes' || path.startsWith('/sandboxes/')) return read ? 'sandboxes:read' : 'admin';
+  return 'admin';
+}
+
+/** Refuses a request whose token lacks the route's scope: 403 forbidden naming the scope. */
+export function requireScope(): RequestHandler {
+  return (req, res, next) => {
+    const token = res.locals.token as Token | undefined;
+    const needed = requiredScope(req.method, req.path);
+    if (!token) return next(new BridgeError('unauthorized', 'not authenticated'));
+    if (needed === undefined || hasScope(token, needed)) return next();
+    next(
+      new BridgeError(
+        'forbidden',
+        `token "${token.name}" lacks the scope ${needed}, which ${req.method} ${req.baseUrl}${req.path} needs (it has: ${[...token.scopes].join(', ')})`,
+      ),
+    );
+  };
+}
