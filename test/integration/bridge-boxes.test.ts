@@ -181,6 +181,7 @@ test('a box made before boxd (no agent) is listed and deleted as usual; in-box r
     expect([path, res.status, res.json.error.message]).toEqual([path, 409, expect.stringMatching(/older bridge without the in-box agent; create a new box/)]);
   }
   expect((await call('DELETE', `/boxes/${name}`)).status).toBe(200);
+  await waitFor('the legacy box to be gone', async () => ((await podNames()).includes(name) ? undefined : true));
 });
 
 test('an Idempotency-Key makes a retried create return the same box', async () => {
@@ -196,6 +197,7 @@ test('an Idempotency-Key makes a retried create return the same box', async () =
   expect(bad.status).toBe(400);
   expect(await podNames(`${LABELS.session}=${sessionHash('idempotent')}`)).toHaveLength(2);
   for (const id of [first.json.box_id, other.json.box_id]) await call('DELETE', `/boxes/${id}`);
+  await waitFor('the boxes to be gone', async () => ((await podNames(`${LABELS.session}=${sessionHash('idempotent')}`)).length ? undefined : true));
 });
 
 describe('bad requests change nothing', () => {

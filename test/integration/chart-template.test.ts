@@ -270,7 +270,7 @@ describe('operator box health and webhooks', () => {
     const dep = out.one('Deployment', OPERATOR);
     expect(env(dep)).toMatchObject({ STUCK_PENDING_SECONDS: '300' });
     expect(env(dep).WEBHOOKS_FILE).toBeUndefined();
-    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-token']);
+    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key', 'rel-sandbox-bridge-token']);
     expect(dep.spec.template.spec.volumes.map((v: k8s.V1Volume) => v.name)).toEqual(['tmp']);
     expect(out.one('ClusterRole', OPERATOR).rules).toContainEqual({ apiGroups: [''], resources: ['events'], verbs: ['create'] });
   });
@@ -307,7 +307,7 @@ describe('operator box health and webhooks', () => {
   test('existingSecret: mounted, nothing rendered; egress rules join the operator NetworkPolicy', () => {
     const egress = [{ to: [{ ipBlock: { cidr: '203.0.113.0/24' } }], ports: [{ port: 443, protocol: 'TCP' }] }];
     const out = template({ secret: { token: TOKEN }, operator: { webhooks: { existingSecret: 'my-hooks', egress } } });
-    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-token']);
+    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key', 'rel-sandbox-bridge-token']);
     const dep = out.one('Deployment', OPERATOR);
     expect(env(dep)).toMatchObject({ WEBHOOKS_FILE: '/var/run/secrets/sandbox-bridge-webhooks/webhooks.json', WEBHOOK_SIGNING_KEY_FILE: '/var/run/secrets/sandbox-bridge-webhooks/signing-key' });
     expect(dep.spec.template.spec.volumes).toContainEqual(expect.objectContaining({ name: 'webhooks', secret: expect.objectContaining({ secretName: 'my-hooks' }) }));
