@@ -2,7 +2,7 @@
 // Runs unchanged in Node 20+ and in fetch-only edge isolates: nothing in this module graph
 // imports a Node built-in or touches Buffer/process at load (client/edge-safety.test.ts checks).
 export { createBridgeClient, fileBytes, DEFAULT_TIMEOUT_MS } from './client.js';
-export type { BridgeClient, BridgeClientOptions, FileReadOptions } from './client.js';
+export type { BridgeClient, BridgeClientOptions, CreateBoxOptions, FileReadOptions } from './client.js';
 export { BridgeClientError, parseRetryAfter } from './http.js';
 export type { CallOptions, ClientFailure, FetchLike, RetryOptions } from './http.js';
 export { ClusterBridgeSandbox, clusterBridgeSandboxFactory } from './sandbox.js';
