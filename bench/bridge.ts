@@ -140,7 +140,7 @@ async function createPods(count: number, nodeNames: string[]): Promise<void> {
             containers: [
               {
                 name: 'box',
-                image: 'sandbox-bridge/box:dev',
+                image: 'sandbox-bridge.local/box:dev',
                 resources: { limits: { cpu: '1m', memory: '1Mi' } },
                 securityContext: { allowPrivilegeEscalation: false, capabilities: { drop: ['ALL'] } },
               },

@@ -57,7 +57,7 @@ const CREATED = {
   status: 'Pending',
   namespace: 'sbx',
   pod_name: 'box-0123456789ab-0',
-  image: 'sandbox-bridge/box:dev',
+  image: 'sandbox-bridge.local/box:dev',
   cpu: '500m',
   memory: '256Mi',
   created_at: '2025-01-01T00:00:00.000Z',

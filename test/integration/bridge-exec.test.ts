@@ -2,23 +2,14 @@
 // real bridge: what runs where, as whom, with which limits, and what happens on timeouts.
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
-import { withDefaults } from '../../common/pool.js';
 import type { RunningBridge } from '../../bridge/server.js';
-import { api, startTestBridge, testPolicy } from '../support/bridge.js';
-import { REAL_NODE_LABEL, createTestNamespace, deleteTestNamespace, realNodeAvailable, testKubeConfig } from '../support/cluster.js';
+import { ON_REAL_NODE, api, startTestBridge, testPolicy } from '../support/bridge.js';
+import { createTestNamespace, deleteTestNamespace, realNodeAvailable, testKubeConfig } from '../support/cluster.js';
 
 const kc = testKubeConfig();
 const realNode = await realNodeAvailable(kc);
 if (!realNode.available) console.warn(`SKIPPED bridge exec/files/env tests on a real node: ${realNode.reason}`);
 const suite = realNode.available ? describe : describe.skip;
-
-const ON_REAL_NODE = {
-  box: {
-    ...withDefaults({ namespace: '' }).box,
-    nodeSelector: { [REAL_NODE_LABEL]: 'true' },
-    tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }],
-  },
-};
 
 suite('exec, files and env in a real container', () => {
   let namespace: string;

@@ -2,11 +2,10 @@
 // ClusterBridgeSandbox.fromEnv (lazy create, exec, files as text and bytes, env, status, destroy),
 // and the plain client's endpoints and error shapes.
 import { randomBytes } from 'node:crypto';
-import { withDefaults } from '../../common/pool.js';
 import type { RunningBridge } from '../../bridge/server.js';
 import { BridgeClientError, ClusterBridgeSandbox, createBridgeClient, type BridgeClient } from '../../client/index.js';
-import { ON_SIMULATED_NODES, TEST_TOKEN, startTestBridge, testPolicy } from '../support/bridge.js';
-import { REAL_NODE_LABEL, createTestNamespace, deleteTestNamespace, realNodeAvailable, testKubeConfig, waitFor } from '../support/cluster.js';
+import { ON_REAL_NODE, ON_SIMULATED_NODES, TEST_TOKEN, startTestBridge, testPolicy } from '../support/bridge.js';
+import { createTestNamespace, deleteTestNamespace, realNodeAvailable, testKubeConfig, waitFor } from '../support/cluster.js';
 
 const kc = testKubeConfig();
 const realNode = await realNodeAvailable(kc);
@@ -15,15 +14,7 @@ const realNode = await realNodeAvailable(kc);
 if (!realNode.available) {
   console.warn(`client session runs on simulated nodes (commands on the host, in /tmp), not in a real container: ${realNode.reason}`);
 }
-const placement = realNode.available
-  ? {
-      box: {
-        ...withDefaults({ namespace: '' }).box,
-        nodeSelector: { [REAL_NODE_LABEL]: 'true' },
-        tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists' as const, effect: 'NoSchedule' as const }],
-      },
-    }
-  : ON_SIMULATED_NODES;
+const placement = realNode.available ? ON_REAL_NODE : ON_SIMULATED_NODES;
 const dir = realNode.available ? '/workspace' : `/tmp/client-test-${randomBytes(4).toString('hex')}`;
 const workdir = realNode.available ? undefined : '/tmp';
 

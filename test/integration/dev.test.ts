@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool } from '../../common/pool.js';
-import { testKubeConfig, waitFor } from '../support/cluster.js';
+import { LOCAL_BOX_IMAGE, testKubeConfig, waitFor } from '../support/cluster.js';
 import { deleteLease, freePort, installCrd, uniqueName } from '../support/operator.js';
 import { TcpProxy } from '../support/tcp-proxy.js';
 
@@ -135,7 +135,7 @@ test('dev survives a frozen API server, restarts what dies, fixes stale placemen
   const fixed = (await custom.getClusterCustomObject({ ...poolRef, name: pool })) as SandboxPool;
   expect(fixed.spec.box.nodeSelector?.['node-that-is']).toBeUndefined();
   expect((fixed.metadata as { labels?: Record<string, string> }).labels?.['sandbox-bridge.io/dev']).toBe(pool);
-  expect(fixed.spec.box.defaultImage).toBe('sandbox-bridge.local/box:dev');
+  expect(fixed.spec.box.defaultImage).toBe(LOCAL_BOX_IMAGE);
 
   // A program that dies is restarted; dev carries on.
   const bridgePid = childRunning(devPid, 'dist/bridge/main.js')!;
