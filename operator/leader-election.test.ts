@@ -214,6 +214,21 @@ describe('LeaderElector timing (fake clock)', () => {
     expect(store.lease?.spec?.holderIdentity).toBe('');
   });
 
+  test('a deadline timer that fires a little early (as Node timers may against performance.now) still steps down', async () => {
+    const early: Timers = { ...fakeTimers, setTimeout: (fn, ms) => setTimeout(fn, ms > 3 ? ms - 3 : ms) };
+    const store = new LeaseStore();
+    const a = replica(store, 'a', { timers: early });
+    a.elector.start();
+    await advance(3000);
+    expect(a.elector.isLeader()).toBe(true);
+    store.partition('a');
+    await advance(9000);
+    expect(a.elector.isLeader()).toBe(false);
+    expect(a.terms[0]!.reason).toBe('renew deadline passed');
+    store.heal('a');
+    await a.elector.stop(false);
+  });
+
   test('durations use the monotonic clock: a wall-clock jump neither expires a lease nor extends one', async () => {
     const store = new LeaseStore();
     // The production timers (realTimers), on jest's fake clock underneath.

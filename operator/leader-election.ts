@@ -193,7 +193,14 @@ export class LeaderElector {
   }
 
   private deadlinePassed(): void {
-    if (!this.leading || this.timers.now() < this.leadingUntil) return;
+    if (!this.leading) return;
+    // Node's timers run on the event loop's cached, millisecond clock and may fire a little
+    // before performance.now() reaches the deadline: wait out the rest rather than skip it.
+    const early = this.leadingUntil - this.timers.now();
+    if (early > 0) {
+      this.deadlineTimer = this.timers.setTimeout(() => this.deadlinePassed(), Math.ceil(early));
+      return;
+    }
     this.log.error({ renewDeadlineMs: this.renewDeadlineMs }, 'could not renew the lease in time; stepping down');
     this.setLeading(false, 'renew deadline passed');
   }
