@@ -1,6 +1,7 @@
 // test/cluster/up.sh on a half-up cluster: a component that died (here metrics-server, which
 // panics and stays dead when it starts before the API server listens) is restarted rather than
 // the cluster being reused broken. The metrics API is unavailable for ~20 s meanwhile.
+// And the components that would die on their own when the API server stalls do not.
 import { spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -44,3 +45,16 @@ test('up.sh restarts a dead metrics-server and only then calls the cluster ready
   const service = await registration.readAPIService({ name: 'v1beta1.metrics.k8s.io' });
   expect(service.status?.conditions?.find((c) => c.type === 'Available')?.status).toBe('True');
 }, 300_000);
+
+test('the controller-manager and scheduler run without leader election, so an API-server stall cannot make them exit', () => {
+  // With leader election they exit after 10 s without renewing (a 45 s SIGSTOP of the API server
+  // left the cluster creating no service accounts and scheduling no pods); kwokctl never
+  // restarts them. Checked on the running processes, since stopping the shared API server here
+  // would stall every other test file.
+  const clusters = join(clusterDir, 'kwok/clusters');
+  for (const component of ['kube-controller-manager', 'kube-scheduler']) {
+    const pid = readFileSync(join(clusters, readdirSync(clusters)[0]!, `pids/${component}.pid`), 'utf8').trim();
+    const args = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+    expect({ component, leaderElect: args.find((a) => a.startsWith('--leader-elect')) }).toEqual({ component, leaderElect: '--leader-elect=false' });
+  }
+});
