@@ -93,6 +93,7 @@ create_cluster() {
     --disable-qps-limits \
     --quiet-pull \
     --wait 60s >&2
+  sha256sum < "$here/kwok.yaml" > "$CLUSTER_DIR/kwok.yaml.sha256"
 }
 
 # Components (kwokctl's names) whose process is not running.
@@ -159,6 +160,8 @@ for attempt in 1 2 3; do
   if [ "$attempt" = 1 ] && kubectl --request-timeout=10s get --raw /readyz >/dev/null 2>&1; then
     log "cluster $CLUSTER_NAME is already up; checking and reusing it"
     [ -s "$CLUSTER_DIR/kwok.yaml" ] || render_config 1
+    [ "$(cat "$CLUSTER_DIR/kwok.yaml.sha256" 2>/dev/null)" = "$(sha256sum < "$here/kwok.yaml")" ] ||
+      log "WARNING: it was created from another test/cluster/kwok.yaml; npm run cluster:down && npm run cluster:up applies the current one"
   else
     log "starting cluster $CLUSTER_NAME (control plane from $CLUSTER_DIR/bin; attempt $attempt/3)"
     creates=$((creates + 1))
