@@ -34,15 +34,27 @@ beforeAll(async () => {
 afterAll(async () => {
   proxy.thaw();
   if (dev && dev.exitCode === null) {
-    dev.kill('SIGKILL');
-    for (const pid of childPids(dev.pid!)) killQuietly(pid);
+    // dev stops its programs itself on SIGTERM; SIGKILL (and its programs by pid) only if it hangs.
+    const programs = childPids(dev.pid!);
+    dev.kill('SIGTERM');
+    const stopped = await new Promise<boolean>((resolve) => {
+      const timer = setTimeout(() => resolve(false), 45_000);
+      dev!.once('exit', () => {
+        clearTimeout(timer);
+        resolve(true);
+      });
+    });
+    if (!stopped) {
+      dev.kill('SIGKILL');
+      for (const pid of [...programs, ...childPids(dev.pid!)]) killQuietly(pid);
+    }
   }
   await proxy.stop();
   await custom.deleteClusterCustomObject({ ...poolRef, name: pool }).catch(() => undefined);
   await core.deleteNamespace({ name: namespace }).catch(() => undefined);
   await deleteLease(kc, `sandbox-bridge-operator-${pool}`);
   rmSync(dir, { recursive: true, force: true });
-});
+}, 90_000);
 
 function childPids(pid: number): number[] {
   try {
