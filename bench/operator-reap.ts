@@ -119,7 +119,7 @@ async function main(): Promise<void> {
               securityContext: { runAsNonRoot: true, runAsUser: 65534, runAsGroup: 65534, seccompProfile: { type: 'RuntimeDefault' } },
               containers: [{
                 name: 'box',
-                image: 'sandbox-bridge/box:dev',
+                image: 'sandbox-bridge.local/box:dev',
                 resources: { requests: { cpu: '10m', memory: '16Mi' }, limits: { cpu: '10m', memory: '16Mi' } },
                 securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } },
               }],

@@ -61,6 +61,11 @@ export const ConfigSchema = z
     /** Express "trust proxy": set it (e.g. 1) behind an ingress so limits apply per real client. */
     TRUST_PROXY: z.string().default('false'),
     KUBE_TIMEOUT_MS: int(15_000, 100),
+    /**
+     * A Kubernetes call without an answer for 1 s makes the bridge probe the API server with
+     * this timeout; no answer means down, and writes then fail fast (common/api-health.ts).
+     */
+    KUBE_PROBE_TIMEOUT_MS: int(1000, 100),
     /** At start-up, give up (and exit, to be restarted) if the caches cannot fill in this time. */
     STARTUP_TIMEOUT_MS: int(60_000, 100),
     /** On SIGTERM, in-flight requests (execs) get this long to finish. */

@@ -5,7 +5,8 @@ import type { Server } from 'node:http';
 import { readFileSync } from 'node:fs';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { loadKubeConfig, makeApiClient } from '../common/kube.js';
+import { ApiHealth } from '../common/api-health.js';
+import { apiServerProbe, loadKubeConfig, makeApiClient } from '../common/kube.js';
 import { createLogger } from '../common/logger.js';
 import { DEFAULT_BOX_IMAGE, withDefaults } from '../common/pool.js';
 import { createProbeServer, listen } from '../common/probe-server.js';
@@ -102,7 +103,9 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   void allPods?.start();
 
   const call = instrumentedCall(metrics);
-  const core = makeApiClient(kc, k8s.CoreV1Api, config.KUBE_TIMEOUT_MS);
+  // Writes fail fast while the API server does not answer; reads keep coming from the caches.
+  const health = new ApiHealth({ probe: apiServerProbe(kc), probeTimeoutMs: config.KUBE_PROBE_TIMEOUT_MS, log });
+  const core = makeApiClient(kc, k8s.CoreV1Api, config.KUBE_TIMEOUT_MS, { health });
   const key = boxdKey(config);
   const secrets = new BoxSecrets(core, call, namespace);
   const boxes = new BoxService({
@@ -139,8 +142,8 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const env = new EnvService({ connector, boxd, secrets });
   const cluster = new ClusterService({
     core,
-    version: makeApiClient(kc, k8s.VersionApi, config.KUBE_TIMEOUT_MS),
-    custom: makeApiClient(kc, k8s.CustomObjectsApi, config.KUBE_TIMEOUT_MS),
+    version: makeApiClient(kc, k8s.VersionApi, config.KUBE_TIMEOUT_MS, { health }),
+    custom: makeApiClient(kc, k8s.CustomObjectsApi, config.KUBE_TIMEOUT_MS, { health }),
     call,
     cache,
     policy,
@@ -226,6 +229,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       terminals.close();
       boxd.close();
       tokens.close();
+      health.stop();
       cache.stop();
       nodes.stop();
       allPods?.stop();

@@ -57,7 +57,7 @@ const CREATED = {
   status: 'Pending',
   namespace: 'sbx',
   pod_name: 'box-0123456789ab-0',
-  image: 'sandbox-bridge/box:dev',
+  image: 'sandbox-bridge.local/box:dev',
   cpu: '500m',
   memory: '256Mi',
   created_at: '2025-01-01T00:00:00.000Z',
@@ -106,6 +106,7 @@ describe('requests', () => {
       'GET /api/v1/sandboxes?session_id=s+1&status=Running&limit=50&continue=abc',
     ]);
     for (const r of seen) expect(r.headers.authorization).toBe('Bearer tok');
+    expect(seen.filter((r) => r.headers['idempotency-key']).map((r) => `${r.method} ${r.url.pathname}`)).toEqual(['POST /api/v1/boxes']);
     expect(JSON.parse(seen[6]!.body!)).toEqual({ sessionId: 's1', cpu: 0.5, memory: 256 });
     expect(seen[6]!.headers['content-type']).toBe('application/json');
     expect(JSON.parse(seen[8]!.body!)).toEqual({ command: 'echo hi', workdir: '/tmp' });
@@ -189,9 +190,9 @@ describe('retries', () => {
     const unavailable = () => bridgeError(503, 'cluster_unavailable', 'API server unreachable');
     const { fetch, seen } = scriptedFetch(unavailable(), unavailable(), unavailable(), unavailable());
     const c = client(fetch, { retries: { max: 3, baseDelayMs: 8, maxDelayMs: 16, onRetry: (i) => retries.push(i) } });
-    const err = (await c.exec('box-1', { command: 'true' }).catch((e: unknown) => e)) as BridgeClientError;
+    const err = (await c.status('box-1').catch((e: unknown) => e)) as BridgeClientError;
     expect(seen).toHaveLength(4); // first attempt + 3 retries
-    expect(err.message).toBe('exec failed: 503 cluster_unavailable: API server unreachable');
+    expect(err.message).toBe('status failed: 503 cluster_unavailable: API server unreachable');
     expect(retries.map((r) => r.attempt)).toEqual([1, 2, 3]);
     // Full jitter: each wait is somewhere in [0, min(max, base * 2^n)].
     retries.forEach((r, n) => {
@@ -199,6 +200,65 @@ describe('retries', () => {
       expect(r.delayMs).toBeLessThanOrEqual(Math.min(16, 8 * 2 ** n));
       expect(r).toMatchObject({ status: 503, type: 'cluster_unavailable' });
     });
+  });
+
+  test('a request that may have run is never sent twice: exec, env and file writes are not retried on 503', async () => {
+    const unavailable = () => bridgeError(503, 'cluster_unavailable', 'replica went away', { 'retry-after': '0' });
+    for (const [name, run] of [
+      ['exec', (c: ReturnType<typeof client>) => c.exec('box-1', { command: 'echo once >> log' })],
+      ['set env', (c: ReturnType<typeof client>) => c.setEnv('box-1', { A: '1' })],
+      ['write file', (c: ReturnType<typeof client>) => c.writeFile('box-1', 'a.txt', 'x')],
+    ] as const) {
+      const { fetch, seen } = scriptedFetch(unavailable(), json(200, EXEC_OK));
+      await expect(run(client(fetch))).rejects.toMatchObject({ status: 503, type: 'cluster_unavailable', operation: name });
+      expect(seen).toHaveLength(1);
+    }
+  });
+
+  test('an untyped 429 (a proxy, not the bridge) is not retried for exec; a typed one is', async () => {
+    const proxy = scriptedFetch(new Response('slow down', { status: 429 }), json(200, EXEC_OK));
+    await expect(client(proxy.fetch).exec('box-1', { command: 'true' })).rejects.toMatchObject({ status: 429, type: 'http_error' });
+    expect(proxy.seen).toHaveLength(1);
+    const bridge = scriptedFetch(bridgeError(429, 'quota_exceeded', 'pool full'), json(200, EXEC_OK));
+    expect(await client(bridge.fetch).exec('box-1', { command: 'true' })).toEqual(EXEC_OK);
+    expect(bridge.seen).toHaveLength(2);
+    // Reads and deletes may repeat whatever refused them.
+    const read = scriptedFetch(new Response('slow down', { status: 429 }), json(200, { box_id: 'box-1' }));
+    await client(read.fetch).status('box-1');
+    expect(read.seen).toHaveLength(2);
+  });
+
+  test('network errors and timeouts are never retried, for any method', async () => {
+    let calls = 0;
+    const failing = async () => {
+      calls++;
+      throw new TypeError('fetch failed', { cause: new Error('socket hang up') });
+    };
+    await expect(client(failing).exec('box-1', { command: 'true' })).rejects.toMatchObject({ type: 'network_error' });
+    await expect(client(failing).createBox({ sessionId: 's' })).rejects.toMatchObject({ type: 'network_error' });
+    await expect(client(failing).status('box-1')).rejects.toMatchObject({ type: 'network_error' });
+    expect(calls).toBe(3);
+  });
+
+  test('create sends an Idempotency-Key and retries 503 under the same key; a new call gets a new key', async () => {
+    const { fetch, seen } = scriptedFetch(
+      bridgeError(503, 'cluster_unavailable', 'API server unreachable'),
+      bridgeError(429, 'rate_limited', 'slow down'),
+      json(201, CREATED),
+      json(201, CREATED),
+      json(201, CREATED),
+    );
+    const c = client(fetch);
+    expect(await c.createBox({ sessionId: 's' })).toEqual(CREATED);
+    expect(seen).toHaveLength(3);
+    const key = seen[0]!.headers['idempotency-key'];
+    expect(key).toMatch(/^[0-9a-f-]{36}$/);
+    expect(seen.map((r) => r.headers['idempotency-key'])).toEqual([key, key, key]);
+    await c.createBox({ sessionId: 's' });
+    expect(seen[3]!.headers['idempotency-key']).toMatch(/^[0-9a-f-]{36}$/);
+    expect(seen[3]!.headers['idempotency-key']).not.toBe(key);
+    await c.createBox({ sessionId: 's' }, { idempotencyKey: 'caller-chosen-key' });
+    expect(seen[4]!.headers['idempotency-key']).toBe('caller-chosen-key');
   });
 
   test('quota_exceeded (429) is retried too', async () => {
@@ -340,6 +400,27 @@ describe('ClusterBridgeSandbox', () => {
     expect(sandbox.boxId).toBeUndefined();
     await sandbox.exec('true');
     expect(seen).toHaveLength(3);
+  });
+
+  test('a create whose outcome is unknown is repeated by the next operation under the same key', async () => {
+    const { fetch, seen } = scriptedFetch(
+      () => {
+        throw new TypeError('fetch failed', { cause: new Error('socket hang up') });
+      },
+      json(201, CREATED),
+      json(200, EXEC_OK),
+    );
+    const sandbox = new ClusterBridgeSandbox(client(fetch), { sessionId: 's' });
+    await expect(sandbox.exec('true')).rejects.toMatchObject({ type: 'network_error', operation: 'create' });
+    await sandbox.exec('true');
+    const keys = seen.filter((r) => r.url.pathname === '/api/v1/boxes').map((r) => r.headers['idempotency-key']);
+    expect(keys).toHaveLength(2);
+    expect(keys[0]).toBeDefined();
+    expect(keys[1]).toBe(keys[0]);
+    // Another session's sandbox has its own key.
+    const other = scriptedFetch(json(201, CREATED), json(200, EXEC_OK));
+    await new ClusterBridgeSandbox(client(other.fetch), { sessionId: 's2' }).exec('true');
+    expect(other.seen[0]!.headers['idempotency-key']).not.toBe(keys[0]);
   });
 
   test('files: text and bytes, whichever encoding the bridge picks', async () => {

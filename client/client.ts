@@ -41,7 +41,10 @@ export interface BridgeClientOptions {
   fetch?: FetchLike;
   /** Default deadline per call, retry waits included (default 30000 ms). Exec gets its command timeout plus 30 s. */
   timeoutMs?: number;
-  /** Retries on 429/503: a count, or full options (default 3 retries). */
+  /**
+   * Retries of a refused or unavailable call (default 3): a count, or full options. Only calls
+   * that cannot take effect twice are repeated; see http.ts (mayRetry).
+   */
   retries?: number | RetryOptions;
 }
 
@@ -50,6 +53,15 @@ export const DEFAULT_TIMEOUT_MS = 30_000;
 const DEFAULT_EXEC_TIMEOUT_MS = 120_000;
 /** Room beyond a command's own timeout for the box to start, the bridge to kill it and answer. */
 const EXEC_GRACE_MS = 30_000;
+
+export interface CreateBoxOptions extends CallOptions {
+  /**
+   * Sent as the Idempotency-Key header: the bridge answers every create with the same key (within
+   * 24 h) with the same box, so the create can be retried safely. Default: a fresh random key per
+   * createBox call. Pass your own to make retries across calls (or processes) safe too.
+   */
+  idempotencyKey?: string;
+}
 
 export interface FileReadOptions extends CallOptions {
   /** Ask for base64 content even when the file is valid UTF-8. */
@@ -77,9 +89,11 @@ export interface BridgeClient {
   /** Plain-text logs of a box pod; tailLines keeps the last N lines. */
   logs(podName: string, opts?: CallOptions & { tailLines?: number }): Promise<string>;
   metrics(opts?: CallOptions): Promise<PodMetricsList>;
-  createBox(req: CreateBoxRequest, opts?: CallOptions): Promise<BoxCreated>;
+  /** Creates a box; retried on 429/503 under one Idempotency-Key, so a retry never makes a second box. */
+  createBox(req: CreateBoxRequest, opts?: CreateBoxOptions): Promise<BoxCreated>;
   /** Rejects with status 404 / type not_found when the box is already gone. */
   deleteBox(boxId: string, opts?: CallOptions): Promise<BoxDeleted>;
+  /** Runs a command. Never repeated after it may have started: only a 429 (refused) is retried. */
   exec(boxId: string, req: ExecRequest, opts?: CallOptions): Promise<ExecResult>;
   readFile(boxId: string, path: string, opts?: FileReadOptions): Promise<FileRead>;
   /** Strings are sent as UTF-8 text; bytes as base64 (base64=true), so any content survives. */
@@ -140,7 +154,8 @@ export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
         opts,
       ),
     metrics: (opts) => get('metrics', '/sandboxes/metrics', opts),
-    createBox: (req, opts) => call({ operation: 'create', method: 'POST', path: '/boxes', json: req, expect: 'json' }, opts),
+    createBox: (req, opts = {}) =>
+      call({ operation: 'create', method: 'POST', path: '/boxes', json: req, expect: 'json', idempotencyKey: opts.idempotencyKey ?? newIdempotencyKey() }, opts),
     deleteBox: (id, opts) => call({ operation: 'delete', method: 'DELETE', path: box(id), expect: 'json' }, opts),
     exec: (id, req, opts) =>
       call(
@@ -265,6 +280,11 @@ export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
     },
     openTerminal: (id, size = { cols: 80, rows: 24 }) => openTerminal(config, `${box(id)}/pty`, size),
   };
+}
+
+/** A random key (Web Crypto, present in Node, browsers and edge isolates alike). */
+export function newIdempotencyKey(): string {
+  return globalThis.crypto.randomUUID();
 }
 
 /** The bytes of a file read, whichever encoding the bridge chose. */

@@ -134,6 +134,8 @@ describe('in a fresh context with only web-platform globals', () => {
     TextEncoder,
     TextDecoder,
     DOMException,
+    // Web Crypto: the random Idempotency-Key of a create (crypto.randomUUID).
+    crypto,
     setTimeout,
     clearTimeout,
     console,
@@ -187,6 +189,8 @@ describe('in a fresh context with only web-platform globals', () => {
     const edgeFetch = async (input: string, init: RequestInit) => {
       const url = new URL(input);
       seen.push(`${init.method} ${url.pathname}`);
+      const key = new Headers(init.headers).get('idempotency-key');
+      if (key) seen.push(`idempotency-key ${key.length} chars`);
       const path = url.searchParams.get('path') ?? '';
       if (url.pathname === '/api/v1/boxes') return reply({ box_id: box, status: 'Pending' }, 201);
       if (url.pathname.endsWith('/exec')) return reply({ exit_code: 0, stdout: 'ok\n', stderr: '', duration_ms: 1, timed_out: false, stdout_truncated: false, stderr_truncated: false });
@@ -224,6 +228,7 @@ describe('in a fresh context with only web-platform globals', () => {
     await sandbox.destroy(); // the scripted bridge answers 404: done
     expect(seen).toEqual([
       'POST /api/v1/boxes',
+      'idempotency-key 36 chars',
       `POST /api/v1/boxes/${box}/exec`,
       `PUT /api/v1/boxes/${box}/files`,
       `GET /api/v1/boxes/${box}/files`,

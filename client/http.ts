@@ -1,6 +1,14 @@
 // The fetch wrapper under every client call: bearer auth, per-call deadlines via AbortSignal,
-// retries with exponential backoff and full jitter on 429 and 503 only, and one error class.
+// retries with exponential backoff and full jitter, and one error class.
 // Web-platform APIs only (fetch, AbortSignal, URL), so it runs in edge isolates as well as Node.
+//
+// What is retried (mayRetry): a request is sent again only when repeating it cannot do a thing
+// twice. GET and DELETE, and a POST carrying an Idempotency-Key (create box: the bridge answers a
+// repeated key with the box it already made), are retried on 429 and 503. Any other POST or PUT
+// (exec, env, file writes) is retried only on a 429 the bridge typed rate_limited or
+// quota_exceeded, which it sends before doing anything; a 503 may come after the command ran
+// (a proxy, a replica dying mid-answer), so it is returned to the caller. No request is retried
+// after a network error or timeout: the outcome is unknown.
 import type { BridgeErrorType } from './types.js';
 
 /** What went wrong when there is no bridge error body: no response, or a response we cannot use. */
@@ -86,9 +94,16 @@ export interface RequestSpec extends CallOptions {
   bytes?: Uint8Array;
   /** How to read a 2xx response. */
   expect: 'json' | 'text';
+  /** Sent as the Idempotency-Key header: the request may then be repeated like a GET. */
+  idempotencyKey?: string;
 }
 
-const RETRYABLE = new Set([429, 503]);
+/** Whether a failed attempt may be sent again (see the top of this file). */
+export function mayRetry(spec: Pick<RequestSpec, 'method' | 'idempotencyKey'>, status: number, type: string): boolean {
+  if (status === 429 && (type === 'rate_limited' || type === 'quota_exceeded')) return true; // refused before running
+  if (status !== 429 && status !== 503) return false;
+  return spec.method === 'GET' || spec.method === 'DELETE' || spec.idempotencyKey !== undefined;
+}
 
 export async function request<T>(config: HttpConfig, spec: RequestSpec): Promise<T> {
   const timeoutMs = spec.timeoutMs ?? config.timeoutMs;
@@ -97,6 +112,7 @@ export async function request<T>(config: HttpConfig, spec: RequestSpec): Promise
   const signal = spec.signal ? AbortSignal.any([timeout, spec.signal]) : timeout;
   const url = buildUrl(config.apiUrl, spec.path, spec.query);
   const headers: Record<string, string> = { authorization: `Bearer ${config.token}`, accept: spec.expect === 'json' ? 'application/json' : 'text/plain' };
+  if (spec.idempotencyKey !== undefined) headers['idempotency-key'] = spec.idempotencyKey;
   let body: string | Uint8Array | undefined;
   if (spec.json !== undefined) {
     headers['content-type'] = 'application/json';
@@ -121,7 +137,7 @@ export async function request<T>(config: HttpConfig, spec: RequestSpec): Promise
     if (response.ok) return parseBody<T>(spec, response, text);
 
     const error = httpError(spec.operation, response, text);
-    if (!RETRYABLE.has(response.status) || attempt >= config.retry.max) throw error;
+    if (!mayRetry(spec, response.status, error.type) || attempt >= config.retry.max) throw error;
     const ceiling = Math.min(config.retry.maxDelayMs, config.retry.baseDelayMs * 2 ** attempt);
     // Full jitter spreads retrying clients apart; Retry-After is a floor, never shortened.
     const delayMs = Math.max(error.retryAfterMs ?? 0, Math.round(Math.random() * ceiling));

@@ -2,7 +2,7 @@
 // Runs unchanged in Node 20+ and in fetch-only edge isolates: nothing in this module graph
 // imports a Node built-in or touches Buffer/process at load (client/edge-safety.test.ts checks).
 export { createBridgeClient, fileBytes, DEFAULT_TIMEOUT_MS } from './client.js';
-export type { BridgeClient, BridgeClientOptions, FileReadOptions, SandboxesOptions } from './client.js';
+export type { BridgeClient, BridgeClientOptions, CreateBoxOptions, FileReadOptions, SandboxesOptions } from './client.js';
 export { BridgeClientError, parseRetryAfter } from './http.js';
 export { PTY_PROTOCOL } from './streams.js';
 export type { Terminal } from './streams.js';

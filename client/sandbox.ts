@@ -1,7 +1,7 @@
 // ClusterBridgeSandbox: the agent runtime's sandbox for one session, backed by a bridge box.
 // Spec (client adapter): the box is created lazily on the first operation of the session, the
 // operations post to the box endpoints, and destroying the sandbox deletes the box.
-import { createBridgeClient, fileBytes, type BridgeClient, type BridgeClientOptions } from './client.js';
+import { createBridgeClient, fileBytes, newIdempotencyKey, type BridgeClient, type BridgeClientOptions } from './client.js';
 import { BridgeClientError, type CallOptions } from './http.js';
 import { CLUSTER_BRIDGE_PROVIDER, clusterBridgeConfig, selectSandboxProvider, type EnvSource, type ProviderConfig } from './provider.js';
 import type { BoxCreated, BoxStatus, CreateBoxRequest, EnvUpdated, ExecResult, FileWritten } from './types.js';
@@ -33,6 +33,11 @@ export class ClusterBridgeSandbox {
   private readonly createRequest: CreateBoxRequest;
   private readonly workdir: string | undefined;
   private creating: Promise<BoxCreated> | undefined;
+  /**
+   * One Idempotency-Key for the session's box, kept across create attempts: when a create timed
+   * out after the bridge made the box, the next operation's create gets that box, not a second.
+   */
+  private createKey: string | undefined;
   private created: BoxCreated | undefined;
   private destroying: Promise<void> | undefined;
 
@@ -142,7 +147,8 @@ export class ClusterBridgeSandbox {
     // One create per session even when several first operations race: they share the promise.
     // No caller signal: one caller giving up must not fail the others, nor orphan a box whose
     // id we never learn; the client's deadline still bounds it.
-    this.creating ??= this.client.createBox({ ...this.createRequest, sessionId: this.sessionId }).then(
+    this.createKey ??= newIdempotencyKey();
+    this.creating ??= this.client.createBox({ ...this.createRequest, sessionId: this.sessionId }, { idempotencyKey: this.createKey }).then(
       (box) => {
         this.created = box;
         return box;

@@ -1,6 +1,7 @@
 // Kubernetes access shared by the bridge and the operator: loading credentials, building API
 // clients with a per-request timeout, and turning client errors into the API's error types.
 import * as k8s from '@kubernetes/client-node';
+import { UNAVAILABLE_RETRY_AFTER_S, type ApiHealth } from './api-health.js';
 import { BridgeError } from './errors.js';
 
 /** In-cluster credentials when running in a pod, otherwise KUBECONFIG / ~/.kube/config. */
@@ -16,9 +17,11 @@ type ApiConstructor<T> = new (config: k8s.Configuration) => T;
 
 /**
  * Like KubeConfig.makeApiClient, plus a timeout on every request: an API server that accepts
- * the connection and never answers must become a 503, not a hung request.
+ * the connection and never answers must become a 503, not a hung request. With `health`, every
+ * request also goes through it (api-health.ts): refused at once while the API server is known
+ * to be down, aborted when it is found down, and watched so that it is found down within ~2 s.
  */
-export function makeApiClient<T>(kc: k8s.KubeConfig, api: ApiConstructor<T>, timeoutMs: number): T {
+export function makeApiClient<T>(kc: k8s.KubeConfig, api: ApiConstructor<T>, timeoutMs: number, options: { health?: ApiHealth } = {}): T {
   const cluster = kc.getCurrentCluster();
   if (!cluster) throw new Error('no active Kubernetes cluster in the kubeconfig');
   const timeout: k8s.ObservableMiddleware = {
@@ -32,8 +35,50 @@ export function makeApiClient<T>(kc: k8s.KubeConfig, api: ApiConstructor<T>, tim
     baseServer: new k8s.ServerConfiguration(cluster.server, {}),
     authMethods: { default: sharedConnectionAuth(kc) },
     middleware: [timeout],
+    ...(options.health ? { httpApi: healthTracked(new k8s.IsomorphicFetchHttpLibrary(), options.health) } : {}),
   });
   return new api(config);
+}
+
+function healthTracked(http: k8s.HttpLibrary, health: ApiHealth): k8s.HttpLibrary {
+  return {
+    send: (ctx) => {
+      const sent = health.track(
+        async () => {
+          const down = health.signal;
+          const own = ctx.getSignal();
+          ctx.setSignal(own ? AbortSignal.any([own, down]) : down);
+          try {
+            return await http.send(ctx).toPromise();
+          } catch (err) {
+            // Aborted because the API server was found down: say so, not "operation aborted".
+            if (down.aborted && !own?.aborted) throw down.reason;
+            throw err;
+          }
+        },
+        (err) => apiStatusCode(err) === undefined,
+      );
+      return new k8s.Observable(sent);
+    },
+  };
+}
+
+/**
+ * A probe for ApiHealth: GET /livez on its own connection pool (never queued behind hung calls).
+ * Any HTTP answer resolves; only no answer (refused, reset, timeout) rejects.
+ */
+export function apiServerProbe(kc: k8s.KubeConfig): (signal: AbortSignal) => Promise<void> {
+  const cluster = kc.getCurrentCluster();
+  if (!cluster) throw new Error('no active Kubernetes cluster in the kubeconfig');
+  const auth = sharedConnectionAuth(kc);
+  const http = new k8s.IsomorphicFetchHttpLibrary();
+  return async (signal) => {
+    const ctx = new k8s.RequestContext(`${cluster.server}/livez`, k8s.HttpMethod.GET);
+    await auth.applySecurityAuthentication(ctx);
+    ctx.setSignal(signal);
+    const res = await http.send(ctx).toPromise();
+    await res.body.text();
+  };
 }
 
 /**
@@ -44,7 +89,7 @@ export function makeApiClient<T>(kc: k8s.KubeConfig, api: ApiConstructor<T>, tim
  * its headers (bearer tokens, which client-node refreshes from their file or plugin) are reused
  * in between; the TLS client certificate is read once, when the pool is made.
  */
-export function sharedConnectionAuth(kc: Pick<k8s.KubeConfig, 'applySecurityAuthentication'>, now: () => number = Date.now): k8s.SecurityAuthentication {
+export function sharedConnectionAuth(kc: Pick<k8s.KubeConfig, 'applySecurityAuthentication'>, now: () => number = () => performance.now()): k8s.SecurityAuthentication {
   let dispatcher: ReturnType<k8s.RequestContext['getDispatcher']>;
   let headers: Record<string, string> | undefined;
   let fetchedAt = 0;
@@ -115,9 +160,10 @@ export function toBridgeError(err: unknown, what: string): BridgeError {
   if (err instanceof BridgeError) return err;
   const code = apiStatusCode(err);
   const message = apiMessage(err);
+  const retry = { 'Retry-After': String(UNAVAILABLE_RETRY_AFTER_S) };
   switch (code) {
     case undefined:
-      return new BridgeError('cluster_unavailable', `${what}: Kubernetes API unreachable (${message})`, { cause: err });
+      return new BridgeError('cluster_unavailable', `${what}: Kubernetes API unreachable (${message})`, { cause: err, headers: retry });
     case 400:
     case 422:
       return new BridgeError('invalid_request', `${what}: ${message}`, { cause: err });
@@ -137,6 +183,7 @@ export function toBridgeError(err: unknown, what: string): BridgeError {
     case 504:
       return new BridgeError('cluster_unavailable', `${what}: Kubernetes API unavailable (${code}: ${message})`, {
         cause: err,
+        headers: retry,
       });
     default:
       return new BridgeError('internal_error', `${what}: Kubernetes API error ${code}: ${message}`, { cause: err });

@@ -1,7 +1,9 @@
 // The SandboxPool custom resource (sandbox-bridge.io/v1alpha1, cluster-scoped): the one
-// declarative policy both programs read. The CRD (charts/sandbox-bridge/crds/) defaults and
-// validates these fields at the API server; withDefaults() mirrors those defaults for readers
-// that get an object from elsewhere (config seeding, tests).
+// declarative policy both programs read. POOL_DEFAULTS below is the one definition of the pool's
+// defaults: the CRD (charts/sandbox-bridge/crds/, which defaults and validates these fields at
+// the API server) and the chart's values (which seed the default pool) must say the same, and
+// common/pool.test.ts fails when they do not. withDefaults() applies them to an object from
+// elsewhere (config seeding, tests).
 import type { V1Condition, V1Toleration } from '@kubernetes/client-node';
 import { API_GROUP } from './labels.js';
 
@@ -77,7 +79,12 @@ export interface SandboxPool {
   status?: SandboxPoolStatus;
 }
 
-export const DEFAULT_BOX_IMAGE = 'sandbox-bridge/box:dev';
+/**
+ * A published runtime base image, fully qualified (registry, repository, tag) so that no node's
+ * short-name or mirror setting resolves it to something else: Debian slim with sh and coreutils,
+ * and Python, what agents most often run. Pin a digest or a mirror in production (README).
+ */
+export const DEFAULT_BOX_IMAGE = 'docker.io/library/python:3.13-slim-bookworm';
 
 export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
   podSecurityLevel: 'restricted',

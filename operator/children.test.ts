@@ -94,6 +94,19 @@ test('covers compares desired fields only, quantities by value', () => {
   expect(covers(undefined, { a: 1 })).toBe(false);
 });
 
+test('a LimitRange written with 0.7 cores is up to date once the API server stores it as 700m', () => {
+  const desired = desiredLimitRange(pool({ box: { ...POOL_DEFAULTS.box, defaultCpu: '0.7', maxCpu: '1.1', defaultMemory: '0.5Gi' } }));
+  // What the API server hands back: quantities in canonical form.
+  const live = structuredClone(desired) as typeof desired & { spec: { limits: Array<Record<string, Record<string, string>>> } };
+  const limit = live.spec.limits[0]!;
+  limit.max = { cpu: '1100m', memory: limit.max!.memory! };
+  limit._default = { cpu: '700m', memory: '512Mi' };
+  limit.defaultRequest = { cpu: '700m', memory: '512Mi' };
+  expect(isUpToDate(desired, live)).toBe(true);
+  limit.defaultRequest = { cpu: '701m', memory: '512Mi' };
+  expect(isUpToDate(desired, live)).toBe(false);
+});
+
 test('isUpToDate needs the same hash and the desired fields', () => {
   const desired = desiredResourceQuota(pool());
   const live = structuredClone(desired) as typeof desired & { status?: unknown };

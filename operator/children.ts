@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto';
 import type * as k8s from '@kubernetes/client-node';
 import { LABELS, MANAGED_BY, API_GROUP } from '../common/labels.js';
 import { POOL_API_VERSION, POOL_KIND, type SandboxPool } from '../common/pool.js';
-import { parseQuantity } from '../common/quantity.js';
+import { sameQuantity } from '../common/quantity.js';
 import { egressIpBlocks } from './cidr.js';
 
 export const CHILD_NAMES = {
@@ -139,8 +139,8 @@ function withHash(child: Child): Child {
 
 /**
  * True when the live object already is what we would apply: it carries the hash of the same
- * desired object and every desired field has the same value (quantities compared by value, since
- * the API server rewrites "0.5" as "500m"). Fields others added are left alone, as server-side
+ * desired object and every desired field has the same value (quantities compared exactly by value,
+ * since the API server rewrites "0.7" as "700m"). Fields others added are left alone, as server-side
  * apply would leave them.
  */
 export function isUpToDate(desired: Child, live: k8s.KubernetesObject | undefined): boolean {
@@ -162,12 +162,4 @@ export function covers(actual: unknown, desired: unknown): boolean {
   if (actual === desired) return true;
   if (typeof desired === 'string' && typeof actual === 'string') return sameQuantity(actual, desired);
   return false;
-}
-
-function sameQuantity(a: string, b: string): boolean {
-  try {
-    return parseQuantity(a) === parseQuantity(b);
-  } catch {
-    return false;
-  }
 }

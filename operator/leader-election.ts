@@ -2,9 +2,20 @@
 // client-go's: writes are optimistic (replace with the read resourceVersion, so two candidates
 // cannot both win), and expiry is judged by when *this* process last saw the record change,
 // never by comparing another machine's renewTime with our clock.
+//
+// Timing, all on the monotonic clock (a wall-clock step must not extend or cut a lease):
+// - every lease call has a timeout (callTimeoutMs), so a hung API server cannot hold a tick;
+// - a leader steps down by a timer at (send time of its last successful renew) + renewDeadlineMs,
+//   whatever calls are in flight then; a renew that succeeds after that does not revive it;
+// - a candidate takes over only after the record stayed unchanged for leaseDurationSeconds since
+//   it saw it (timed from when its read returned, the later and safer instant).
+// With renewDeadline < leaseDuration the old leader stops before anyone may start: the margin
+// (3 s with the defaults) absorbs clock-rate differences. A write the old leader sent before its
+// deadline can still land later (a frozen API server processes it when thawed); that write is
+// the reconcile of a level-based controller, which the new leader's next pass re-levels.
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { isConflict, isNotFound, apiMessage } from '../common/kube.js';
+import { isConflict, isNotFound, apiMessage, makeApiClient } from '../common/kube.js';
 import { realTimers, type Timers } from './work-queue.js';
 
 export interface LeaseState {
@@ -13,7 +24,7 @@ export interface LeaseState {
   resourceVersion?: string;
 }
 
-/** The last distinct lease record we saw, and our local time when we saw it. */
+/** The last distinct lease record we saw, and our (monotonic) time when we saw it. */
 export interface Observation {
   resourceVersion: string;
   observedAt: number;
@@ -37,9 +48,33 @@ export function decide(
   return now >= observation.observedAt + durationMs ? 'acquire' : 'wait';
 }
 
+/** The three calls an elector makes on its Lease; each must settle within its own timeout. */
+export interface LeaseClient {
+  /** The lease, or undefined when it does not exist. */
+  read(): Promise<k8s.V1Lease | undefined>;
+  create(body: k8s.V1Lease): Promise<k8s.V1Lease>;
+  /** Replace guarded by body.metadata.resourceVersion (409 when the lease changed since). */
+  replace(body: k8s.V1Lease): Promise<k8s.V1Lease>;
+}
+
+/** A LeaseClient on the API server whose every call is aborted after timeoutMs. */
+export function kubeLeaseClient(kc: k8s.KubeConfig, namespace: string, name: string, timeoutMs: number): LeaseClient {
+  const api = makeApiClient(kc, k8s.CoordinationV1Api, timeoutMs);
+  return {
+    read: () =>
+      api.readNamespacedLease({ name, namespace }).catch((err: unknown) => {
+        if (isNotFound(err)) return undefined;
+        throw err;
+      }),
+    create: (body) => api.createNamespacedLease({ namespace, body }),
+    replace: (body) => api.replaceNamespacedLease({ name, namespace, body }),
+  };
+}
+
 export interface LeaderElectorOptions {
   kc: k8s.KubeConfig;
-  api?: k8s.CoordinationV1Api;
+  /** Defaults to kubeLeaseClient(kc, namespace, name, callTimeoutMs). */
+  client?: LeaseClient;
   namespace: string;
   name: string;
   identity: string;
@@ -49,31 +84,42 @@ export interface LeaderElectorOptions {
   retryIntervalMs?: number;
   /** A leader that has not renewed for this long steps down (before others may take over). */
   renewDeadlineMs?: number;
+  /** Timeout of each lease call (default a third of the renew deadline, at least 1 s). */
+  callTimeoutMs?: number;
+  /** Monotonic timers; now() must never jump (performance.now). */
   timers?: Timers;
+  /** Wall clock, only for the renewTime/acquireTime written into the Lease for people to read. */
+  wallClock?: () => Date;
   onStartedLeading: () => void;
-  onStoppedLeading: () => void;
+  onStoppedLeading: (reason: string) => void;
 }
 
 export class LeaderElector {
-  private readonly api: k8s.CoordinationV1Api;
+  private readonly client: LeaseClient;
   private readonly timers: Timers;
+  private readonly wallClock: () => Date;
   private readonly durationS: number;
   private readonly retryMs: number;
   private readonly renewDeadlineMs: number;
   private readonly log: Logger;
   private observation: Observation | undefined;
-  private lastRenew = 0;
   private leading = false;
+  /** Monotonic time until which we may lead: the last successful renew's send time + renewDeadline. */
+  private leadingUntil = 0;
+  private deadlineTimer: unknown;
   private stopped = false;
   private timer: unknown;
   private ticking: Promise<void> = Promise.resolve();
 
   constructor(private readonly o: LeaderElectorOptions) {
-    this.api = o.api ?? o.kc.makeApiClient(k8s.CoordinationV1Api);
     this.timers = o.timers ?? realTimers;
+    this.wallClock = o.wallClock ?? (() => new Date());
     this.durationS = o.leaseDurationSeconds ?? 10;
     this.retryMs = o.retryIntervalMs ?? 2000;
     this.renewDeadlineMs = o.renewDeadlineMs ?? 7000;
+    if (this.renewDeadlineMs >= this.durationS * 1000) throw new Error('renewDeadlineMs must be shorter than the lease duration');
+    const callTimeoutMs = o.callTimeoutMs ?? Math.max(1000, Math.floor(this.renewDeadlineMs / 3));
+    this.client = o.client ?? kubeLeaseClient(o.kc, o.namespace, o.name, callTimeoutMs);
     this.log = o.log.child({ lease: `${o.namespace}/${o.name}`, identity: o.identity });
   }
 
@@ -92,7 +138,7 @@ export class LeaderElector {
     this.timers.clearTimeout(this.timer);
     await this.ticking;
     if (this.leading && release) await this.release();
-    this.setLeading(false);
+    this.setLeading(false, 'stopped');
   }
 
   private schedule(ms: number): void {
@@ -103,50 +149,64 @@ export class LeaderElector {
   }
 
   private async tick(): Promise<void> {
-    const now = this.timers.now();
     try {
-      const lease = await this.read();
+      const lease = await this.client.read();
+      const readAt = this.timers.now();
       if (this.stopped) return;
       const rv = lease?.metadata?.resourceVersion;
-      if (rv && rv !== this.observation?.resourceVersion) this.observation = { resourceVersion: rv, observedAt: now };
+      if (rv && rv !== this.observation?.resourceVersion) this.observation = { resourceVersion: rv, observedAt: readAt };
       const action = decide(
         lease && { holderIdentity: lease.spec?.holderIdentity, leaseDurationSeconds: lease.spec?.leaseDurationSeconds, resourceVersion: rv },
         this.o.identity,
         this.observation,
-        now,
+        readAt,
         this.durationS,
       );
       if (action === 'wait') {
-        if (this.leading) {
-          this.log.warn({ holder: lease?.spec?.holderIdentity }, 'lease taken by another replica');
-          this.setLeading(false);
-        }
+        if (this.leading) this.setLeading(false, `lease taken by ${lease?.spec?.holderIdentity ?? 'another replica'}`);
         return;
       }
+      const sentAt = this.timers.now();
       await this.write(action, lease);
-      this.lastRenew = now;
-      this.setLeading(true);
+      this.renewed(sentAt);
     } catch (err) {
       if (isConflict(err)) this.log.debug('lease changed concurrently; retrying');
       else this.log.warn({ err: apiMessage(err) }, 'lease read/write failed');
     }
-    if (this.leading && this.timers.now() - this.lastRenew > this.renewDeadlineMs) {
-      this.log.error({ renewDeadlineMs: this.renewDeadlineMs }, 'could not renew the lease in time; stepping down');
-      this.setLeading(false);
-    }
   }
 
-  private async read(): Promise<k8s.V1Lease | undefined> {
-    try {
-      return await this.api.readNamespacedLease({ name: this.o.name, namespace: this.o.namespace });
-    } catch (err) {
-      if (isNotFound(err)) return undefined;
-      throw err;
+  /**
+   * A write sent at sentAt succeeded: we may lead until sentAt + renewDeadline (others count the
+   * lease from when they see it, which is later). Armed as a timer, so stepping down does not
+   * wait for the next tick or for a call in flight.
+   */
+  private renewed(sentAt: number): void {
+    const until = sentAt + this.renewDeadlineMs;
+    const remaining = until - this.timers.now();
+    // The answer came after the deadline: another replica may already lead. Stay down; the
+    // next tick renews again (the lease still names us) and leads from a fresh deadline.
+    if (remaining <= 0) return;
+    this.leadingUntil = until;
+    this.timers.clearTimeout(this.deadlineTimer);
+    this.deadlineTimer = this.timers.setTimeout(() => this.deadlinePassed(), remaining);
+    this.setLeading(true, 'lease acquired');
+  }
+
+  private deadlinePassed(): void {
+    if (!this.leading) return;
+    // Node's timers run on the event loop's cached, millisecond clock and may fire a little
+    // before performance.now() reaches the deadline: wait out the rest rather than skip it.
+    const early = this.leadingUntil - this.timers.now();
+    if (early > 0) {
+      this.deadlineTimer = this.timers.setTimeout(() => this.deadlinePassed(), Math.ceil(early));
+      return;
     }
+    this.log.error({ renewDeadlineMs: this.renewDeadlineMs }, 'could not renew the lease in time; stepping down');
+    this.setLeading(false, 'renew deadline passed');
   }
 
   private async write(action: Exclude<LeaseDecision, 'wait'>, lease: k8s.V1Lease | undefined): Promise<void> {
-    const now = new k8s.V1MicroTime(this.timers.now());
+    const now = new k8s.V1MicroTime(this.wallClock().getTime());
     const spec: k8s.V1LeaseSpec = {
       ...lease?.spec,
       holderIdentity: this.o.identity,
@@ -157,20 +217,11 @@ export class LeaderElector {
       spec.acquireTime = now;
       spec.leaseTransitions = (lease?.spec?.leaseTransitions ?? -1) + 1;
     }
-    let written: k8s.V1Lease;
-    if (action === 'create') {
-      written = await this.api.createNamespacedLease({
-        namespace: this.o.namespace,
-        body: { metadata: { name: this.o.name, namespace: this.o.namespace }, spec },
-      });
-    } else {
-      // Replacing with the resourceVersion we read makes a concurrent write fail with 409.
-      written = await this.api.replaceNamespacedLease({
-        name: this.o.name,
-        namespace: this.o.namespace,
-        body: { ...lease, metadata: { ...lease!.metadata }, spec },
-      });
-    }
+    const written =
+      action === 'create'
+        ? await this.client.create({ metadata: { name: this.o.name, namespace: this.o.namespace }, spec })
+        : // Replacing with the resourceVersion we read makes a concurrent write fail with 409.
+          await this.client.replace({ ...lease, metadata: { ...lease!.metadata }, spec });
     if (written.metadata?.resourceVersion) {
       this.observation = { resourceVersion: written.metadata.resourceVersion, observedAt: this.timers.now() };
     }
@@ -178,15 +229,11 @@ export class LeaderElector {
 
   private async release(): Promise<void> {
     try {
-      const lease = await this.read();
+      const lease = await this.client.read();
       if (lease?.spec?.holderIdentity !== this.o.identity) return;
-      await this.api.replaceNamespacedLease({
-        name: this.o.name,
-        namespace: this.o.namespace,
-        body: {
-          ...lease,
-          spec: { ...lease.spec, holderIdentity: '', leaseDurationSeconds: 1, renewTime: new k8s.V1MicroTime(this.timers.now()) },
-        },
+      await this.client.replace({
+        ...lease,
+        spec: { ...lease.spec, holderIdentity: '', leaseDurationSeconds: 1, renewTime: new k8s.V1MicroTime(this.wallClock().getTime()) },
       });
       this.log.info('lease released');
     } catch (err) {
@@ -194,11 +241,12 @@ export class LeaderElector {
     }
   }
 
-  private setLeading(leading: boolean): void {
+  private setLeading(leading: boolean, reason: string): void {
+    if (!leading) this.timers.clearTimeout(this.deadlineTimer);
     if (leading === this.leading) return;
     this.leading = leading;
-    this.log.info({ leading }, leading ? 'became leader' : 'no longer leader');
+    this.log.info({ leading, reason }, leading ? 'became leader' : 'no longer leader');
     if (leading) this.o.onStartedLeading();
-    else this.o.onStoppedLeading();
+    else this.o.onStoppedLeading(reason);
   }
 }

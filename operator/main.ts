@@ -1,6 +1,14 @@
 // Entry point: `node dist/operator/main.js`. Caches start at once on every replica; the replica
 // holding the lease runs the workers. SIGTERM stops the workers, releases the lease (so the
-// standby takes over at once) and exits 0. Losing the lease exits 1 so the pod restarts clean.
+// standby takes over at once) and exits 0.
+//
+// Losing the lease (renew deadline passed, or another holder seen) exits 1, deliberately, as
+// controller-runtime does: exiting is the one way to be sure that no reconcile in flight, no
+// queued retry and no API call of this process acts after the deadline, when a standby may
+// already lead. The kubelet restarts the pod (and `npm run dev` restarts the process) as a
+// fresh standby with warm-up caches; the other replica meanwhile leads. The cost is a restart
+// per lost lease, which a brief API-server stall does not cause: the deadline is 7 s of failed
+// renewals.
 import type { Server } from 'node:http';
 import { loadKubeConfig } from '../common/kube.js';
 import { createLogger } from '../common/logger.js';
@@ -48,14 +56,13 @@ async function main(): Promise<void> {
       metrics.leader.set(1);
       controller.startWorkers();
     },
-    onStoppedLeading: () => {
+    onStoppedLeading: (reason) => {
       metrics.leader.set(0);
-      void controller.stopWorkers();
-      // Another replica may already be reconciling; restarting is the safe way back to standby.
-      if (!shuttingDown) {
-        log.error('lost the leader lease; exiting so the pod restarts as a standby');
-        process.exit(1);
-      }
+      if (shuttingDown) return;
+      // Another replica may already be reconciling: stop everything now (see the top of this file).
+      log.error({ reason }, 'lost the leader lease; exiting so the process restarts as a standby');
+      log.flush?.();
+      process.exit(1);
     },
   });
 

@@ -16,7 +16,9 @@ export const realTimers: Timers = {
     return t;
   },
   clearTimeout: (h) => clearTimeout(h as NodeJS.Timeout),
-  now: () => Date.now(),
+  // Monotonic: only durations and deadlines are computed from it, and a wall-clock step must not
+  // move them.
+  now: () => performance.now(),
 };
 
 export interface WorkQueueOptions {

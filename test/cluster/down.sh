@@ -12,6 +12,6 @@ bash "$here/real-node/down.sh" || echo "[cluster:down] WARNING: real-node/down.s
 if [ -x "$CLUSTER_DIR/bin/kwokctl" ]; then
   kwokctl delete cluster --name "$CLUSTER_NAME" >&2 || true
 fi
-rm -rf "$KWOK_WORKDIR" "$CLUSTER_DIR/exec" "$CLUSTER_DIR/logs" "$CLUSTER_DIR/kwok.yaml" "$KUBECONFIG" \
+rm -rf "$KWOK_WORKDIR" "$EXEC_DIR" "$CLUSTER_DIR/exec" "$CLUSTER_DIR/logs" "$CLUSTER_DIR/kwok.yaml" "$CLUSTER_DIR/kwok.yaml.sha256" "$KUBECONFIG" \
   "$CLUSTER_DIR/real-node.unavailable" "$CLUSTER_DIR/real-node.logs"
 echo "[cluster:down] cluster $CLUSTER_NAME stopped" >&2

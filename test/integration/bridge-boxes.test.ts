@@ -5,7 +5,7 @@ import { BOXD_BINARY, BOXD_PORT, BOXD_VERSION_ANNOTATION } from '../../common/bo
 import { ANNOTATIONS, LABELS, boxSecretName, sessionHash } from '../../common/labels.js';
 import type { RunningBridge } from '../../bridge/server.js';
 import { ON_SIMULATED_NODES, TEST_TOKEN, api, startTestBridge, testPolicy } from '../support/bridge.js';
-import { createTestNamespace, deleteTestNamespace, testKubeConfig, waitFor } from '../support/cluster.js';
+import { LOCAL_BOX_IMAGE, createTestNamespace, deleteTestNamespace, testKubeConfig, waitFor } from '../support/cluster.js';
 
 const kc = testKubeConfig();
 const core = kc.makeApiClient(k8s.CoreV1Api);
@@ -79,7 +79,7 @@ test('create, inspect, list and delete a box', async () => {
     status: 'Pending',
     namespace,
     pod_name: created.json.box_id,
-    image: 'sandbox-bridge/box:dev',
+    image: LOCAL_BOX_IMAGE,
     cpu: '500m',
     memory: '256Mi',
     created_at: expect.stringMatching(/^\d{4}-\d\d-\d\dT/),
@@ -129,7 +129,7 @@ test('create, inspect, list and delete a box', async () => {
     status: 'Running',
     phase: 'Running',
     node: expect.stringMatching(/^node-/),
-    image: 'sandbox-bridge/box:dev',
+    image: LOCAL_BOX_IMAGE,
     cpu: '500m',
     memory: '256Mi',
     restarts: 0,

@@ -8,7 +8,7 @@ import { pino } from 'pino';
 import { boxSecretName } from '../../common/labels.js';
 import { startBridge, type RunningBridge } from '../../bridge/server.js';
 import { ON_REAL_NODE, TEST_TOKEN, api, testConfig } from '../support/bridge.js';
-import { testKubeConfig, waitFor } from '../support/cluster.js';
+import { LOCAL_BOX_IMAGE, testKubeConfig, waitFor } from '../support/cluster.js';
 import { installCrd } from '../support/operator.js';
 import { TOKEN, helm, parseDocs, withValuesFile, CHART, type Doc } from '../chart/helm.js';
 
@@ -51,7 +51,7 @@ beforeAll(async () => {
     pool: { name: poolName },
     // Boxes on the real node (boxd runs there), with the local box image.
     box: {
-      defaultImage: 'sandbox-bridge/box:dev',
+      defaultImage: LOCAL_BOX_IMAGE,
       defaultCpu: '100m',
       defaultMemory: '64Mi',
       nodeSelector: ON_REAL_NODE.box.nodeSelector,
@@ -168,7 +168,7 @@ test('the bridge, with only the chart RBAC, serves a whole box lifecycle; a miss
   const created = await call('POST', '/boxes', { sessionId: `chart-${id}`, env: { GREETING: 'hello' } });
   expect(created.status).toBe(201);
   const boxId: string = created.json.box_id;
-  expect(created.json).toMatchObject({ namespace: sandboxNs, image: 'sandbox-bridge/box:dev' });
+  expect(created.json).toMatchObject({ namespace: sandboxNs, image: LOCAL_BOX_IMAGE });
 
   await waitFor('the box to run', async () => {
     const s = await call('GET', `/boxes/${boxId}/status`);

@@ -10,7 +10,7 @@ import { createServer, type IncomingMessage, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
-import { REAL_NODE_LABEL, realNodeAvailable, testKubeConfig, waitFor } from '../support/cluster.js';
+import { LOCAL_BOX_IMAGE, REAL_NODE_LABEL, realNodeAvailable, testKubeConfig, waitFor } from '../support/cluster.js';
 import { Pools, boxPod, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
 
 const kc = testKubeConfig();
@@ -69,7 +69,7 @@ function realBox(name: string, script: string, o: { memory?: string; restartPoli
     containers: Array.from({ length: o.containers ?? 1 }, (_, i) => ({
       ...base,
       name: i === 0 ? 'box' : `box-${i}`,
-      image: o.image ?? 'sandbox-bridge/box:dev',
+      image: o.image ?? LOCAL_BOX_IMAGE,
       imagePullPolicy: o.pullPolicy ?? 'IfNotPresent',
       command: ['sh', '-c', script],
       resources,

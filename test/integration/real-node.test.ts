@@ -7,6 +7,7 @@ import {
   deleteTestNamespace,
   execInPod,
   exitCodeOf,
+  LOCAL_BOX_IMAGE,
   onRealNode,
   REAL_NODE_LABEL,
   realNodeAvailable,
@@ -45,7 +46,7 @@ function box(name: string, command: string, memory = '64Mi'): k8s.V1Pod {
   pod.spec!.containers = [
     {
       ...base,
-      image: 'sandbox-bridge/box:dev',
+      image: LOCAL_BOX_IMAGE,
       // Locally built and imported (test/cluster/real-node/images.sh); no registry to pull from.
       imagePullPolicy: 'Never',
       command: ['sh', '-c', command],

@@ -7,6 +7,7 @@ import { withDefaults, type SandboxPoolSpec } from '../../common/pool.js';
 import { ConfigSchema, type Config } from '../../bridge/config.js';
 import { staticPolicy, type PolicySource } from '../../bridge/kube/policy.js';
 import { startBridge, type RunningBridge } from '../../bridge/server.js';
+import { LOCAL_BOX_IMAGE, REAL_NODE_LABEL } from './cluster.js';
 
 export const TEST_TOKEN = `test-token-${randomBytes(12).toString('hex')}`;
 /** Shared by every test bridge (as by every replica of a real install). */
@@ -63,16 +64,18 @@ export function api(bridge: RunningBridge, token = TEST_TOKEN) {
   };
 }
 
+/** Box placement on kwok's simulated nodes (which never pull the image). */
+export const ON_SIMULATED_NODES: Partial<SandboxPoolSpec> = {
+  box: { ...withDefaults({ namespace: '' }).box, defaultImage: LOCAL_BOX_IMAGE, nodeSelector: { type: 'kwok' } },
+};
+
+/** Box placement on the local real node, with the image built for it. */
 /** Box placement on the local cluster's real node (test/cluster/real-node/), where boxd runs. */
 export const ON_REAL_NODE: Partial<SandboxPoolSpec> & { box: SandboxPoolSpec['box'] } = {
   box: {
     ...withDefaults({ namespace: '' }).box,
-    nodeSelector: { 'sandbox-bridge.io/real-node': 'true' },
-    tolerations: [{ key: 'sandbox-bridge.io/real-node', operator: 'Exists', effect: 'NoSchedule' }],
+    defaultImage: LOCAL_BOX_IMAGE,
+    nodeSelector: { [REAL_NODE_LABEL]: 'true' },
+    tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }],
   },
-};
-
-/** Box placement on kwok's simulated nodes. */
-export const ON_SIMULATED_NODES: Partial<SandboxPoolSpec> = {
-  box: { ...withDefaults({ namespace: '' }).box, nodeSelector: { type: 'kwok' } },
 };

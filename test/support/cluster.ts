@@ -69,7 +69,7 @@ export function restrictedPod(name: string, overrides: Partial<k8s.V1PodSpec> = 
       containers: [
         {
           name: 'box',
-          image: 'sandbox-bridge/box:dev',
+          image: LOCAL_BOX_IMAGE,
           command: ['sleep', 'infinity'],
           securityContext: {
             allowPrivilegeEscalation: false,
@@ -129,6 +129,13 @@ export function exitCodeOf(status: k8s.V1Status): number {
   if (cause?.message === undefined) throw new Error(`exec failed: ${status.message ?? JSON.stringify(status)}`);
   return Number(cause.message);
 }
+
+/**
+ * The box image test/cluster/real-node/images.sh builds and imports into the real node (busybox
+ * with sh and coreutils, user 65534). Not the pool default (a published image no registry here
+ * serves): tests that put boxes on the real node name it.
+ */
+export const LOCAL_BOX_IMAGE = 'sandbox-bridge.local/box:dev';
 
 /** Label (and taint key) of the local cluster's real node (test/cluster/real-node/). */
 export const REAL_NODE_LABEL = 'sandbox-bridge.io/real-node';

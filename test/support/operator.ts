@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { NODE_FLAGS } from '../../common/node-flags.js';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION, type SandboxPool, type SandboxPoolSpec } from '../../common/pool.js';
-import { waitFor } from './cluster.js';
+import { LOCAL_BOX_IMAGE, waitFor } from './cluster.js';
 
 const ROOT = process.cwd();
 export const CRD_PATH = join(ROOT, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml');
@@ -242,7 +242,7 @@ export function boxPod(
       containers: [
         {
           name: 'box',
-          image: 'sandbox-bridge/box:dev',
+          image: LOCAL_BOX_IMAGE,
           command: ['sleep', 'infinity'],
           resources,
           securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } },

@@ -1,7 +1,9 @@
 // A plain TCP pipe in front of the API server, so a test can make the real cluster unreachable
-// (or silent) for one bridge without touching the cluster itself. Not a fake: bytes pass through.
+// (or silent, or frozen) for one bridge or operator without touching the cluster itself, and so
+// without disturbing test files running beside it. Not a fake: bytes pass through.
 import { createConnection, createServer, type Server, type Socket } from 'node:net';
 import type { AddressInfo } from 'node:net';
+import { writeFileSync } from 'node:fs';
 import * as k8s from '@kubernetes/client-node';
 
 export type ProxyMode = 'forward' | 'refuse' | 'blackhole';
@@ -9,6 +11,7 @@ export type ProxyMode = 'forward' | 'refuse' | 'blackhole';
 export class TcpProxy {
   private server: Server | undefined;
   private readonly sockets = new Set<Socket>();
+  private frozen = false;
   mode: ProxyMode = 'forward';
   port = 0;
 
@@ -19,16 +22,18 @@ export class TcpProxy {
 
   async start(): Promise<void> {
     this.server = createServer((client) => {
-      this.sockets.add(client);
-      client.on('close', () => this.sockets.delete(client));
-      client.on('error', () => undefined);
+      this.track(client);
       if (this.mode === 'refuse') return client.destroy();
       if (this.mode === 'blackhole') return; // accept and never answer
       const upstream = createConnection(this.targetPort, this.targetHost);
-      this.sockets.add(upstream);
-      upstream.on('close', () => this.sockets.delete(upstream));
+      this.track(upstream);
       upstream.on('error', () => client.destroy());
-      client.pipe(upstream).pipe(client);
+      this.relay(client, upstream);
+      this.relay(upstream, client);
+      if (this.frozen) {
+        client.pause();
+        upstream.pause();
+      }
     });
     await new Promise<void>((resolve) => this.server!.listen(this.port, '127.0.0.1', resolve));
     this.port = (this.server.address() as AddressInfo).port;
@@ -39,6 +44,21 @@ export class TcpProxy {
     this.mode = mode;
     for (const s of this.sockets) s.destroy();
     this.sockets.clear();
+  }
+
+  /**
+   * Like SIGSTOP of the API server: connections stay open and new ones are accepted (the kernel
+   * does that for a stopped process), but no byte moves either way until thaw(). Unlike a real
+   * stop, bytes a client sent and then abandoned by closing its connection are dropped.
+   */
+  freeze(): void {
+    this.frozen = true;
+    for (const s of this.sockets) s.pause();
+  }
+
+  thaw(): void {
+    this.frozen = false;
+    for (const s of this.sockets) s.resume();
   }
 
   async stop(): Promise<void> {
@@ -60,8 +80,33 @@ export class TcpProxy {
     return copy;
   }
 
+  /** kubeConfig(kc) written to a file, for a program started as a process (KUBECONFIG=path). */
+  writeKubeConfig(kc: k8s.KubeConfig, path: string): string {
+    writeFileSync(path, this.kubeConfig(kc).exportConfig(), { mode: 0o600 });
+    return path;
+  }
+
   static forApiServer(kc: k8s.KubeConfig): TcpProxy {
     const url = new URL(kc.getCurrentCluster()!.server);
     return new TcpProxy(url.hostname, Number(url.port || 443));
+  }
+
+  private track(socket: Socket): void {
+    this.sockets.add(socket);
+    socket.on('close', () => this.sockets.delete(socket));
+    socket.on('error', () => undefined);
+  }
+
+  /** from -> to with backpressure, by hand rather than pipe() so freeze() keeps both paused. */
+  private relay(from: Socket, to: Socket): void {
+    from.on('data', (chunk: Buffer) => {
+      if (to.write(chunk)) return;
+      from.pause();
+      to.once('drain', () => {
+        if (!this.frozen) from.resume();
+      });
+    });
+    from.on('end', () => to.end());
+    from.on('close', () => to.destroy());
   }
 }

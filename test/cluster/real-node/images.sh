@@ -6,9 +6,10 @@
 #
 # Images (hand-made OCI image layouts, one uncompressed layer each):
 #   registry.k8s.io/pause:3.10.1   Kubernetes' pause.c compiled statically; containerd's sandbox_image
-#   sandbox-bridge/box:dev         busybox-static (sh + every applet), /workspace, /tmp, user 65534
-#                                  (also named docker.io/sandbox-bridge/box:dev, the name CRI
-#                                  normalizes "sandbox-bridge/box:dev" to)
+#   sandbox-bridge.local/box:dev   busybox-static (sh + every applet), /workspace, /tmp, user 65534
+#                                  (a registry host we own by convention: .local never resolves to
+#                                  a public registry, unlike the unqualified "sandbox-bridge/box",
+#                                  which CRI reads as docker.io/sandbox-bridge/box, a name we do not own)
 #   sandbox-bridge.local/boxd:dev  scratch with only the static /boxd (boxd/build.sh), user 65534;
 #                                  box pods' init container runs `/boxd install` from it
 # Tarballs are cached under ~/.cache/sandbox-bridge/images/ by a hash of their inputs, so a rerun

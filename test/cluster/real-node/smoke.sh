@@ -49,7 +49,7 @@ spec:
     seccompProfile: {type: RuntimeDefault}
   containers:
   - name: box
-    image: sandbox-bridge/box:dev
+    image: sandbox-bridge.local/box:dev
     imagePullPolicy: Never
     command: ["sh", "-c", $3]
     workingDir: /workspace
@@ -70,7 +70,7 @@ EOF
 }
 
 # The namespace's restricted level must be enforced: a root pod is refused at admission.
-refused=$(kubectl run -n "$ns" smoke-root --image=sandbox-bridge/box:dev --restart=Never \
+refused=$(kubectl run -n "$ns" smoke-root --image=sandbox-bridge.local/box:dev --restart=Never \
   --overrides='{"spec":{"securityContext":{"runAsUser":0}}}' -- sleep 1 2>&1 || true)
 check "restricted Pod Security refuses a root pod" yes "$(grep -q 'violates PodSecurity "restricted' <<<"$refused" && echo yes || echo "no: $refused")"
 
