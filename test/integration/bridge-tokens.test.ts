@@ -8,7 +8,7 @@ import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { ConfigSchema } from '../../bridge/config.js';
 import { startBridge, type RunningBridge } from '../../bridge/server.js';
-import { ON_SIMULATED_NODES, api, testPolicy } from '../support/bridge.js';
+import { ON_SIMULATED_NODES, TEST_BOXD_IMAGE, TEST_BOXD_KEY, api, testPolicy } from '../support/bridge.js';
 import { createTestNamespace, deleteTestNamespace, testKubeConfig, waitFor } from '../support/cluster.js';
 
 const kc = testKubeConfig();
@@ -35,7 +35,15 @@ async function start(env: Record<string, string>): Promise<RunningBridge> {
       done();
     },
   });
-  const config = ConfigSchema.parse({ PORT: '0', METRICS_PORT: '0', HOST: '127.0.0.1', SHUTDOWN_GRACE_MS: '1000', ...env });
+  const config = ConfigSchema.parse({
+    PORT: '0',
+    METRICS_PORT: '0',
+    HOST: '127.0.0.1',
+    SHUTDOWN_GRACE_MS: '1000',
+    BOXD_KEY: TEST_BOXD_KEY,
+    BOXD_IMAGE: TEST_BOXD_IMAGE,
+    ...env,
+  });
   const b = await startBridge(config, { kc, policy: testPolicy(namespace, ON_SIMULATED_NODES), log: pino({ level: 'info' }, sink) });
   bridges.push(b);
   return b;
