@@ -130,13 +130,12 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
       '169.254.0.0/16',
       '127.0.0.0/8',
       '0.0.0.0/8',
-      // The same for IPv6, in effect once a pool allows ::/0: unique local, link-local, loopback,
-      // unspecified, and IPv4-mapped addresses (which would reach the IPv4 ranges above).
+      // The same for IPv6, in effect once a pool allows ::/0: unique local, link-local, loopback and
+      // unspecified. (IPv4-mapped ::ffff:a.b.c.d leaves the box as IPv4, so the ranges above apply.)
       'fc00::/7',
       'fe80::/10',
       '::1/128',
       '::/128',
-      '::ffff:0:0/96',
     ],
     dns: { namespace: 'kube-system', podLabels: { 'k8s-app': 'kube-dns' }, cidrs: ['169.254.20.10/32'] },
   },
