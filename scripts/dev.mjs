@@ -21,6 +21,7 @@ const OPERATOR_METRICS_PORT = BRIDGE_METRICS_PORT + 1;
 const REAL_NODE_LABEL = 'sandbox-bridge.io/real-node';
 // The dev operator reconciles only pools carrying this label, never other people's (or tests').
 const DEV_LABEL = 'sandbox-bridge.io/dev';
+const GVISOR_RUNTIME_CLASS = 'gvisor';
 
 const say = (msg) => process.stderr.write(`[dev] ${msg}\n`);
 const children = [];
@@ -80,6 +81,12 @@ async function applyPolicy(kc) {
   if (!realNodes.items.length && startedCluster) {
     say('no real node: boxes run on simulated nodes, where exec runs on this host (use workdir /tmp)');
   }
+  // The real node's gVisor RuntimeClass (test/cluster/real-node/up.sh), when runsc runs here:
+  // a box asks for it with {"runtimeClassName": "gvisor"}.
+  const gvisor = await kc
+    .makeApiClient(k8s.NodeV1Api)
+    .readRuntimeClass({ name: GVISOR_RUNTIME_CLASS })
+    .then(() => true, () => false);
   const custom = kc.makeApiClient(k8s.CustomObjectsApi);
   const ref = { group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools' };
   try {
@@ -92,10 +99,10 @@ async function applyPolicy(kc) {
         apiVersion: 'sandbox-bridge.io/v1alpha1',
         kind: 'SandboxPool',
         metadata: { name: POOL, labels: { [DEV_LABEL]: 'true' } },
-        spec: { namespace: NAMESPACE, box },
+        spec: { namespace: NAMESPACE, box, allowedRuntimeClassNames: gvisor ? [GVISOR_RUNTIME_CLASS] : [] },
       },
     });
-    say(`created SandboxPool ${POOL} (namespace ${NAMESPACE})`);
+    say(`created SandboxPool ${POOL} (namespace ${NAMESPACE}${gvisor ? `, runtime class ${GVISOR_RUNTIME_CLASS} allowed` : ''})`);
   }
 }
 
