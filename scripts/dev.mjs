@@ -81,6 +81,9 @@ async function applyPolicy(kc) {
   if (!realNodes.items.length && startedCluster) {
     say('no real node: boxes run on simulated nodes, where exec runs on this host (use workdir /tmp)');
   }
+  // The pool's NetworkPolicy admits only bridge pods to boxd; this bridge runs on the host, and
+  // traffic from a node to its own pods is not subject to NetworkPolicy (network-policy.test.ts
+  // checks that under the real node's enforcer).
   // The real node's gVisor RuntimeClass (test/cluster/real-node/up.sh), when runsc runs here:
   // a box asks for it with {"runtimeClassName": "gvisor"}.
   const gvisor = await kc

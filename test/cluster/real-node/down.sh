@@ -42,7 +42,8 @@ stop felix
 # Containers outlive containerd (their shims are separate processes), so remove them through CRI
 # first: that also releases their CNI addresses and veths.
 if [ -S "$CONTAINERD_SOCK" ] && [ -f "$d/run/containerd.pid" ] && kill -0 "$(cat "$d/run/containerd.pid")" 2>/dev/null; then
-  ctr=(ctr --address "$CONTAINERD_SOCK" -n k8s.io)
+  # Bounded: a wedged shim must not hang the teardown (what is left is killed further down).
+  ctr=(timeout 15 ctr --address "$CONTAINERD_SOCK" -n k8s.io)
   if command -v crictl >/dev/null; then
     crictl -r "unix://$CONTAINERD_SOCK" rmp -af >/dev/null 2>&1 || true
   fi
@@ -126,7 +127,8 @@ lock_pid='' lock_root=''
 if [ -z "${lock_pid:-}" ] || [ "${lock_root:-}" = "$root" ] || ! kill -0 "$lock_pid" 2>/dev/null; then
   rm -f "$FELIX_LOCK"
   for table in raw mangle nat filter; do
-    iptables -t "$table" -S 2>/dev/null | awk '$1 == "-A" && $2 !~ /^cali-/ && / -[jg] cali-/' | sed 's/^-A/-D/' |
+    # Felix's rules in the built-in chains jump to cali-* chains or carry a "cali:" comment.
+    iptables -t "$table" -S 2>/dev/null | awk '$1 == "-A" && $2 !~ /^cali-/ && (/ -[jg] cali-/ || /--comment "?cali:/)' | sed 's/^-A/-D/' |
       while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done
     chains=$(iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^cali-/ {print $2}')
     for c in $chains; do iptables -t "$table" -F "$c" 2>/dev/null || true; done
