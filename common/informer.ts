@@ -10,7 +10,7 @@ export interface InformerOptions<T extends k8s.KubernetesObject> {
   path: string;
   list: () => Promise<k8s.KubernetesListObject<T>>;
   labelSelector?: string;
-  /** For the watch; the list function applies it to its own request. */
+  /** E.g. metadata.name=<name>: RBAC limited to named objects allows only such lists and watches. */
   fieldSelector?: string;
   log: Logger;
   /** Backoff bounds for restarts after an error. */
@@ -38,7 +38,14 @@ export class ResilientInformer<T extends k8s.KubernetesObject> {
     this.minBackoffMs = options.minBackoffMs ?? 500;
     this.maxBackoffMs = options.maxBackoffMs ?? 30_000;
     this.backoffMs = this.minBackoffMs;
-    this.informer = new k8s.ListWatch(options.path, new k8s.Watch(options.kc), options.list, false, options.labelSelector, options.fieldSelector);
+    this.informer = new k8s.ListWatch(
+      options.path,
+      new k8s.Watch(options.kc),
+      options.list,
+      false,
+      options.labelSelector,
+      options.fieldSelector,
+    );
     this.firstSync = new Promise((resolve) => (this.resolveFirstSync = resolve));
     this.informer.on('error', (err: unknown) => this.onError(err));
     this.informer.on('connect', () => {

@@ -35,8 +35,28 @@ export interface BoxPolicy {
 export interface EgressPolicy {
   /** Destinations boxes may reach (besides cluster DNS). */
   allowedCIDRs: string[];
-  /** Carved out of allowedCIDRs; by default cloud metadata and link-local. */
+  /**
+   * Destinations they may not: the most specific entry of the two lists decides, so an allowed
+   * /32 inside a denied range opens just that address. By default every private, shared,
+   * link-local (cloud metadata) and loopback-like range, which covers the usual pod and service ranges.
+   */
   deniedCIDRs: string[];
+  /** Cluster DNS, reachable on port 53 (UDP and TCP) only, whatever the CIDR lists say. */
+  dns: DnsPeers;
+}
+
+export interface DnsPeers {
+  /** Namespace and labels of the cluster DNS pods (kube-dns / CoreDNS). */
+  namespace: string;
+  podLabels: Record<string, string>;
+  /** Node-local DNS caches and other DNS addresses outside the pod network (NodeLocal DNSCache: 169.254.20.10). */
+  cidrs: string[];
+}
+
+/** Where the bridge pods run: the only peers a box admits, and only to boxd's port. */
+export interface BridgePeers {
+  namespace: string;
+  podLabels: Record<string, string>;
 }
 
 export interface SandboxPoolSpec {
@@ -56,6 +76,7 @@ export interface SandboxPoolSpec {
   allowedRuntimeClassNames: string[];
   allowedServiceAccountNames: string[];
   egress: EgressPolicy;
+  bridge: BridgePeers;
 }
 
 export interface SandboxPoolStatus {
@@ -106,16 +127,44 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
   allowedServiceAccountNames: [],
   egress: {
     allowedCIDRs: ['0.0.0.0/0'],
-    deniedCIDRs: ['169.254.169.254/32', '169.254.0.0/16'],
+    deniedCIDRs: [
+      // RFC 1918 (also where most clusters put pods and services), shared address space (RFC 6598),
+      // link-local (cloud metadata at 169.254.169.254), loopback and "this network".
+      '10.0.0.0/8',
+      '172.16.0.0/12',
+      '192.168.0.0/16',
+      '100.64.0.0/10',
+      '169.254.0.0/16',
+      '127.0.0.0/8',
+      '0.0.0.0/8',
+      // The same for IPv6, in effect once a pool allows ::/0: unique local, link-local, loopback and
+      // unspecified. (IPv4-mapped ::ffff:a.b.c.d leaves the box as IPv4, so the ranges above apply.)
+      'fc00::/7',
+      'fe80::/10',
+      '::1/128',
+      '::/128',
+    ],
+    dns: { namespace: 'kube-system', podLabels: { 'k8s-app': 'kube-dns' }, cidrs: ['169.254.20.10/32'] },
+  },
+  bridge: {
+    namespace: 'sandbox-bridge',
+    podLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'bridge' },
   },
 };
 
 /** A spec with every field the CRD defaults filled in. */
-export function withDefaults(spec: Partial<SandboxPoolSpec> & { namespace: string }): SandboxPoolSpec {
+export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge'>> & {
+  namespace: string;
+  egress?: Partial<Omit<EgressPolicy, 'dns'>> & { dns?: Partial<DnsPeers> };
+  bridge?: Partial<BridgePeers>;
+};
+
+export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
   return {
     ...POOL_DEFAULTS,
     ...spec,
     box: { ...POOL_DEFAULTS.box, ...spec.box },
-    egress: { ...POOL_DEFAULTS.egress, ...spec.egress },
+    egress: { ...POOL_DEFAULTS.egress, ...spec.egress, dns: { ...POOL_DEFAULTS.egress.dns, ...spec.egress?.dns } },
+    bridge: { ...POOL_DEFAULTS.bridge, ...spec.bridge },
   };
 }

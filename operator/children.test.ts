@@ -1,3 +1,5 @@
+import type * as k8s from '@kubernetes/client-node';
+import { BOXD_PORT } from '../common/boxd.js';
 import { POOL_DEFAULTS, type SandboxPool } from '../common/pool.js';
 import {
   APPLIED_HASH_ANNOTATION,
@@ -56,26 +58,69 @@ test('limit range matches the box maxima and defaults', () => {
   });
 });
 
-test('network policy denies ingress and allows DNS plus allowed-minus-denied egress', () => {
+test('network policy: ingress only from the bridge pods to boxd; egress DNS on 53 plus allowed-minus-denied', () => {
   const np = desiredNetworkPolicy(pool());
   expect(np.spec).toEqual({
     podSelector: {},
     policyTypes: ['Ingress', 'Egress'],
+    ingress: [
+      {
+        _from: [
+          {
+            namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'sandbox-bridge' } },
+            podSelector: { matchLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'bridge' } },
+          },
+        ],
+        ports: [{ protocol: 'TCP', port: BOXD_PORT }],
+      },
+    ],
     egress: [
       {
-        to: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'kube-system' } } }],
+        to: [
+          {
+            namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'kube-system' } },
+            podSelector: { matchLabels: { 'k8s-app': 'kube-dns' } },
+          },
+          { ipBlock: { cidr: '169.254.20.10/32' } },
+        ],
         ports: [
           { protocol: 'UDP', port: 53 },
           { protocol: 'TCP', port: 53 },
         ],
       },
-      { to: [{ ipBlock: { cidr: '0.0.0.0/0', except: ['169.254.169.254/32', '169.254.0.0/16'] } }] },
+      {
+        to: [
+          {
+            ipBlock: {
+              cidr: '0.0.0.0/0',
+              except: ['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10', '169.254.0.0/16', '127.0.0.0/8', '0.0.0.0/8'],
+            },
+          },
+        ],
+      },
     ],
   });
 });
 
+test('the pool names the bridge and DNS peers; allowing ::/0 brings the IPv6 denials in', () => {
+  const np = desiredNetworkPolicy(
+    pool({
+      bridge: { namespace: 'sb', podLabels: { app: 'b' } },
+      egress: { ...POOL_DEFAULTS.egress, allowedCIDRs: ['0.0.0.0/0', '::/0'], dns: { namespace: 'dns', podLabels: { app: 'coredns' }, cidrs: [] } },
+    }),
+  );
+  const spec = np.spec as k8s.V1NetworkPolicySpec;
+  expect(spec.ingress?.[0]?._from).toEqual([
+    { namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'sb' } }, podSelector: { matchLabels: { app: 'b' } } },
+  ]);
+  expect(spec.egress?.[0]?.to).toEqual([
+    { namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'dns' } }, podSelector: { matchLabels: { app: 'coredns' } } },
+  ]);
+  expect(spec.egress?.[1]?.to?.[1]).toEqual({ ipBlock: { cidr: '::/0', except: ['fc00::/7', 'fe80::/10', '::1/128', '::/128'] } });
+});
+
 test('with nothing allowed, only DNS egress remains (never an empty `to`, which would allow all)', () => {
-  const np = desiredNetworkPolicy(pool({ egress: { allowedCIDRs: [], deniedCIDRs: [] } }));
+  const np = desiredNetworkPolicy(pool({ egress: { ...POOL_DEFAULTS.egress, allowedCIDRs: [], deniedCIDRs: [] } }));
   expect((np.spec as { egress: unknown[] }).egress).toHaveLength(1);
 });
 

@@ -4,6 +4,7 @@
 // comparison with the live object alone would miss it).
 import { createHash } from 'node:crypto';
 import type * as k8s from '@kubernetes/client-node';
+import { BOXD_PORT } from '../common/boxd.js';
 import { LABELS, MANAGED_BY, API_GROUP } from '../common/labels.js';
 import { POOL_API_VERSION, POOL_KIND, type SandboxPool } from '../common/pool.js';
 import { sameQuantity } from '../common/quantity.js';
@@ -97,28 +98,53 @@ export function desiredLimitRange(pool: SandboxPool): Child {
   });
 }
 
+/** The label every namespace carries with its own name (Kubernetes sets it; it cannot be forged). */
+const NAMESPACE_NAME_LABEL = 'kubernetes.io/metadata.name';
+
 /**
- * Every pod in the (dedicated) sandbox namespace: no ingress at all; egress to cluster DNS in
- * kube-system on port 53, and to the allowed CIDRs minus the denied ones.
+ * Every pod in the (dedicated) sandbox namespace. Ingress: only the bridge pods, only to boxd's
+ * port. Egress: cluster DNS on port 53 (the DNS pods, and node-local caches by address), and the
+ * allowed CIDRs as the denied ones narrow them. Traffic from the node itself (kubelet probes, a
+ * bridge running on the node) is not subject to NetworkPolicy in the enforcers we know.
  */
 export function desiredNetworkPolicy(pool: SandboxPool): Child {
-  const blocks = egressIpBlocks(pool.spec.egress.allowedCIDRs, pool.spec.egress.deniedCIDRs);
+  const { egress: policy, bridge } = pool.spec;
+  const dnsPorts = [
+    { protocol: 'UDP', port: 53 },
+    { protocol: 'TCP', port: 53 },
+  ];
   const egress: k8s.V1NetworkPolicyEgressRule[] = [
     {
-      to: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'kube-system' } } }],
-      ports: [
-        { protocol: 'UDP', port: 53 },
-        { protocol: 'TCP', port: 53 },
+      to: [
+        {
+          namespaceSelector: { matchLabels: { [NAMESPACE_NAME_LABEL]: policy.dns.namespace } },
+          podSelector: { matchLabels: policy.dns.podLabels },
+        },
+        ...egressIpBlocks(policy.dns.cidrs, []).map((ipBlock) => ({ ipBlock })),
       ],
+      ports: dnsPorts,
     },
   ];
+  const blocks = egressIpBlocks(policy.allowedCIDRs, policy.deniedCIDRs);
   // A rule with an empty `to` would allow every destination, so none is written when nothing is allowed.
   if (blocks.length) egress.push({ to: blocks.map((ipBlock) => ({ ipBlock })) });
+  const ingress: k8s.V1NetworkPolicyIngressRule[] = [
+    {
+      // client-node's model names this `_from` (serialized as `from`), when sending and in the cache.
+      _from: [
+        {
+          namespaceSelector: { matchLabels: { [NAMESPACE_NAME_LABEL]: bridge.namespace } },
+          podSelector: { matchLabels: bridge.podLabels },
+        },
+      ],
+      ports: [{ protocol: 'TCP', port: BOXD_PORT }],
+    },
+  ];
   return withHash({
     apiVersion: 'networking.k8s.io/v1',
     kind: 'NetworkPolicy',
     metadata: meta(pool, CHILD_NAMES.networkPolicy, pool.spec.namespace),
-    spec: { podSelector: {}, policyTypes: ['Ingress', 'Egress'], egress },
+    spec: { podSelector: {}, policyTypes: ['Ingress', 'Egress'], ingress, egress },
   });
 }
 

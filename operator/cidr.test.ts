@@ -18,8 +18,8 @@ test('containment respects family and prefix', () => {
 });
 
 test('denied ranges become excepts of the allowed ranges that contain them', () => {
-  expect(egressIpBlocks(['0.0.0.0/0'], ['169.254.169.254/32', '169.254.0.0/16'])).toEqual([
-    { cidr: '0.0.0.0/0', except: ['169.254.169.254/32', '169.254.0.0/16'] },
+  expect(egressIpBlocks(['0.0.0.0/0'], ['169.254.169.254/32', '169.254.0.0/16', '10.0.0.0/8'])).toEqual([
+    { cidr: '0.0.0.0/0', except: ['169.254.0.0/16', '10.0.0.0/8'] },
   ]);
   expect(egressIpBlocks(['10.0.0.0/8', '::/0'], ['10.1.0.0/16', 'fd00::/8', '192.168.0.0/16'])).toEqual([
     { cidr: '10.0.0.0/8', except: ['10.1.0.0/16'] },
@@ -27,7 +27,18 @@ test('denied ranges become excepts of the allowed ranges that contain them', () 
   ]);
 });
 
-test('an allowed range inside a denied one is dropped', () => {
-  expect(egressIpBlocks(['169.254.169.254/32', '8.8.8.8/32'], ['169.254.0.0/16'])).toEqual([{ cidr: '8.8.8.8/32' }]);
-  expect(egressIpBlocks(['10.0.0.0/8'], ['10.0.0.0/8'])).toEqual([]);
+test('the most specific entry decides: an allowed range inside a denied one opens just that range', () => {
+  expect(egressIpBlocks(['0.0.0.0/0', '10.1.2.3/32'], ['10.0.0.0/8'])).toEqual([
+    { cidr: '0.0.0.0/0', except: ['10.0.0.0/8'] },
+    { cidr: '10.1.2.3/32' },
+  ]);
+  // ... and a denied range inside that again closes its part of it.
+  expect(egressIpBlocks(['0.0.0.0/0', '10.1.0.0/16'], ['10.0.0.0/8', '10.1.2.0/24'])).toEqual([
+    { cidr: '0.0.0.0/0', except: ['10.0.0.0/8'] },
+    { cidr: '10.1.0.0/16', except: ['10.1.2.0/24'] },
+  ]);
+});
+
+test('a tie goes to deny', () => {
+  expect(egressIpBlocks(['10.0.0.0/8', '8.8.8.8/32'], ['10.0.0.0/8'])).toEqual([{ cidr: '8.8.8.8/32' }]);
 });

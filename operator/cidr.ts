@@ -1,7 +1,9 @@
 // Just enough CIDR arithmetic to turn the pool's allowed and denied CIDRs into NetworkPolicy
-// ipBlocks: an ipBlock's `except` entries must lie strictly inside its `cidr`, so each denied
-// range is placed under the allowed ranges that contain it, and an allowed range wholly inside a
-// denied one is dropped.
+// ipBlocks. The most specific entry of the two lists decides for an address (a tie goes to deny),
+// like a routing table: an allowed 10.1.2.3/32 opens that one address inside a denied 10.0.0.0/8.
+// NetworkPolicy ORs its ipBlocks and an `except` must lie strictly inside its `cidr`, so each
+// allowed range becomes one ipBlock whose excepts are the denied ranges strictly inside it; an
+// allowed range equal to a denied one is dropped.
 import { isIPv4, isIPv6 } from 'node:net';
 
 export interface Cidr {
@@ -39,13 +41,15 @@ export interface IpBlock {
   except?: string[];
 }
 
-/** The ipBlocks that allow `allowed` minus `denied`, in canonical notation. */
+/** The ipBlocks that allow what `allowed` and `denied` allow together, in canonical notation. */
 export function egressIpBlocks(allowed: readonly string[], denied: readonly string[]): IpBlock[] {
   const deny = dedupe(denied.map(parseCidr));
   const blocks: IpBlock[] = [];
   for (const a of dedupe(allowed.map(parseCidr))) {
-    if (deny.some((d) => contains(d, a))) continue;
-    const except = deny.filter((d) => contains(a, d) && d.prefix > a.prefix).map(formatCidr);
+    if (deny.some((d) => d.family === a.family && d.prefix === a.prefix && d.addr === a.addr)) continue;
+    const inside = deny.filter((d) => contains(a, d) && d.prefix > a.prefix);
+    // A denied range inside another denied one adds nothing to the block.
+    const except = inside.filter((d) => !inside.some((o) => o !== d && contains(o, d))).map(formatCidr);
     blocks.push(except.length ? { cidr: formatCidr(a), except } : { cidr: formatCidr(a) });
   }
   return blocks;

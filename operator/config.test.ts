@@ -7,6 +7,7 @@ test('defaults', () => {
   const c = loadConfig({});
   expect(c).toMatchObject({ LOG_LEVEL: 'info', METRICS_PORT: 9090, LEASE_NAMESPACE: 'default', LEASE_NAME: 'sandbox-bridge-operator' });
   expect(c.KUBECONFIG).toBeUndefined();
+  expect(c.WATCH_NAMESPACES).toEqual([]);
   expect(c.identity).toMatch(/_[0-9a-f]{8}$/);
 });
 
@@ -47,4 +48,9 @@ test('webhooks: endpoints and signing key from their files; bad files stop the s
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+});
+
+test('WATCH_NAMESPACES is a comma-separated list of namespace names', () => {
+  expect(loadConfig({ WATCH_NAMESPACES: 'sandbox, sandbox-b,,sandbox' }).WATCH_NAMESPACES).toEqual(['sandbox', 'sandbox-b']);
+  expect(() => loadConfig({ WATCH_NAMESPACES: 'sandbox,Not_A_Namespace' })).toThrow(/WATCH_NAMESPACES/);
 });

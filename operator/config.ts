@@ -23,6 +23,16 @@ export const ConfigSchema = z.object({
   LEASE_RENEW_SECONDS: positiveInt.default(2),
   /** Label selector of the SandboxPools this operator handles (empty: all); for sharding or canaries. */
   POOL_SELECTOR: z.string().default(''),
+  /**
+   * The namespaces pools may use, comma-separated: the operator watches only these (it needs
+   * permissions only there) and reports a pool in any other namespace as not Ready. Empty: every
+   * namespace, which needs cluster-wide permissions.
+   */
+  WATCH_NAMESPACES: z
+    .string()
+    .default('')
+    .transform((v) => [...new Set(v.split(',').map((n) => n.trim()).filter(Boolean))])
+    .pipe(z.array(z.string().regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be namespace names, comma-separated').max(63))),
   WORKERS: positiveInt.max(32).default(2),
   REAP_CONCURRENCY: positiveInt.max(256).default(32),
   REAP_BATCH: positiveInt.default(1000),

@@ -9,6 +9,7 @@ import { makeApiClient } from '../common/kube.js';
 import { BOX_SELECTOR, LABELS } from '../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool } from '../common/pool.js';
 import { CHILD_SELECTOR } from './children.js';
+import { ScopedCache } from './scoped-cache.js';
 import { EventRecorder } from './events.js';
 import { BoxHealthMonitor } from './health-monitor.js';
 import type { OperatorMetrics } from './metrics.js';
@@ -24,6 +25,8 @@ export interface ControllerOptions {
   workers?: number;
   /** Only pools matching this label selector are watched and reconciled. */
   poolSelector?: string;
+  /** The namespaces pools may use (watched one by one); undefined: every namespace. */
+  namespaces?: readonly string[];
   maxReapsPerPass?: number;
   deleteConcurrency?: number;
   orphanGraceMs?: number;
@@ -38,7 +41,7 @@ export class Controller {
   private readonly log: Logger;
   private readonly informers: Array<ResilientInformer<k8s.KubernetesObject>> = [];
   private readonly pools: ResilientInformer<SandboxPool & k8s.KubernetesObject>;
-  private readonly pods: ResilientInformer<k8s.V1Pod>;
+  private readonly pods: ScopedCache<k8s.V1Pod>;
   private readonly reconciler: PoolReconciler;
   private readonly health: BoxHealthMonitor;
   private readonly seenBoxes = new SeenBoxes();
@@ -63,12 +66,27 @@ export class Controller {
     const informer = <T extends k8s.KubernetesObject>(
       path: string,
       list: () => Promise<k8s.KubernetesListObject<T>>,
-      labelSelector?: string,
+      selectors: { labelSelector?: string; fieldSelector?: string } = {},
     ) => {
-      const inf = new ResilientInformer<T>({ kc: o.kc, path, list, log: this.log, ...(labelSelector ? { labelSelector } : {}) });
+      const inf = new ResilientInformer<T>({ kc: o.kc, path, list, log: this.log, ...selectors });
       this.informers.push(inf as unknown as ResilientInformer<k8s.KubernetesObject>);
       return inf;
     };
+    const namespaces = o.namespaces;
+    /** The box-side kinds: watched in each pool namespace, or across all of them. */
+    const scoped = <T extends k8s.KubernetesObject>(
+      resource: string,
+      labelSelector: string,
+      listIn: (namespace: string) => Promise<k8s.KubernetesListObject<T>>,
+      listAll: () => Promise<k8s.KubernetesListObject<T>>,
+    ) =>
+      new ScopedCache<T>(
+        (ns) =>
+          ns === undefined
+            ? informer(clusterWidePath(resource), listAll, { labelSelector })
+            : informer(namespacedPath(resource, ns), () => listIn(ns), { labelSelector }),
+        namespaces,
+      );
 
     this.pools = informer(
       `/apis/${POOL_GROUP}/${POOL_VERSION}/${POOL_PLURAL}`,
@@ -79,34 +97,48 @@ export class Controller {
           plural: POOL_PLURAL,
           ...(o.poolSelector ? { labelSelector: o.poolSelector } : {}),
         }),
-      o.poolSelector || undefined,
+      o.poolSelector ? { labelSelector: o.poolSelector } : {},
     );
-    this.pods = informer(
-      '/api/v1/pods',
-      // Health sees each listed pod whole, before it is trimmed.
+    this.pods = scoped<k8s.V1Pod>(
+      'pods',
+      BOX_SELECTOR,
+      (namespace) => listPaged((page) => core.listNamespacedPod({ namespace, labelSelector: BOX_SELECTOR, ...page }), (pod) => slim(this.observed(pod))),
       () => listPaged((page) => core.listPodForAllNamespaces({ labelSelector: BOX_SELECTOR, ...page }), (pod) => slim(this.observed(pod))),
-      BOX_SELECTOR,
     );
-    const secrets = informer(
-      '/api/v1/secrets',
+    const secrets = scoped<k8s.V1Secret>(
+      'secrets',
+      BOX_SELECTOR,
+      (namespace) => listPaged((page) => core.listNamespacedSecret({ namespace, labelSelector: BOX_SELECTOR, ...page }), slim),
       () => listPaged((page) => core.listSecretForAllNamespaces({ labelSelector: BOX_SELECTOR, ...page }), slim),
-      BOX_SELECTOR,
     );
-    const namespaces = informer('/api/v1/namespaces', () => core.listNamespace({ labelSelector: CHILD_SELECTOR }), CHILD_SELECTOR);
-    const quotas = informer(
-      '/api/v1/resourcequotas',
+    // With namespaced RBAC the operator may read only the pool namespaces, by name (resourceNames),
+    // which the API server allows for lists and watches with a metadata.name field selector.
+    const namespaceCache = new ScopedCache<k8s.V1Namespace>(
+      (ns) =>
+        ns === undefined
+          ? informer('/api/v1/namespaces', () => core.listNamespace({ labelSelector: CHILD_SELECTOR }), { labelSelector: CHILD_SELECTOR })
+          : informer('/api/v1/namespaces', () => core.listNamespace({ fieldSelector: `metadata.name=${ns}` }), {
+              fieldSelector: `metadata.name=${ns}`,
+            }),
+      namespaces,
+    );
+    const quotas = scoped<k8s.V1ResourceQuota>(
+      'resourcequotas',
+      CHILD_SELECTOR,
+      (namespace) => core.listNamespacedResourceQuota({ namespace, labelSelector: CHILD_SELECTOR }),
       () => core.listResourceQuotaForAllNamespaces({ labelSelector: CHILD_SELECTOR }),
-      CHILD_SELECTOR,
     );
-    const limits = informer(
-      '/api/v1/limitranges',
+    const limits = scoped<k8s.V1LimitRange>(
+      'limitranges',
+      CHILD_SELECTOR,
+      (namespace) => core.listNamespacedLimitRange({ namespace, labelSelector: CHILD_SELECTOR }),
       () => core.listLimitRangeForAllNamespaces({ labelSelector: CHILD_SELECTOR }),
-      CHILD_SELECTOR,
     );
-    const policies = informer(
+    const policies = scoped<k8s.V1NetworkPolicy>(
       '/apis/networking.k8s.io/v1/networkpolicies',
-      () => net.listNetworkPolicyForAllNamespaces({ labelSelector: CHILD_SELECTOR }),
       CHILD_SELECTOR,
+      (namespace) => net.listNamespacedNetworkPolicy({ namespace, labelSelector: CHILD_SELECTOR }),
+      () => net.listNetworkPolicyForAllNamespaces({ labelSelector: CHILD_SELECTOR }),
     );
 
     for (const event of ['add', 'update', 'delete'] as const) {
@@ -121,7 +153,7 @@ export class Controller {
         if (event !== 'delete') slim(s);
         this.enqueueNamespace(s.metadata?.namespace);
       });
-      for (const child of [namespaces, quotas, limits, policies] as Array<ResilientInformer<k8s.KubernetesObject>>) {
+      for (const child of [namespaceCache, quotas, limits, policies] as Array<ScopedCache<k8s.KubernetesObject>>) {
         child.on(event, (obj) => {
           const pool = obj.metadata?.labels?.[LABELS.pool];
           if (pool) this.enqueue(pool);
@@ -133,7 +165,7 @@ export class Controller {
       pools: this.pools as Lister<SandboxPool>,
       pods: this.pods,
       secrets,
-      namespaces,
+      namespaces: namespaceCache,
       children: { ResourceQuota: quotas, LimitRange: limits, NetworkPolicy: policies },
     };
     this.reconciler = new PoolReconciler({
@@ -143,6 +175,7 @@ export class Controller {
       metrics: o.metrics,
       events,
       seenBoxes: this.seenBoxes,
+      ...(namespaces ? { namespaces } : {}),
       ...(o.maxReapsPerPass ? { maxReapsPerPass: o.maxReapsPerPass } : {}),
       ...(o.deleteConcurrency ? { deleteConcurrency: o.deleteConcurrency } : {}),
       ...(o.orphanGraceMs !== undefined ? { orphanGraceMs: o.orphanGraceMs } : {}),
@@ -244,6 +277,18 @@ export class Controller {
     const ns = pod.metadata?.namespace;
     if (ns && this.pools.list().some((p) => p.spec?.namespace === ns)) this.seenBoxes.note(pod);
   }
+}
+
+/** The watch path of `resource` across namespaces: `pods` (core) or `/apis/<group>/<version>/<plural>`. */
+function clusterWidePath(resource: string): string {
+  return resource.startsWith('/apis') ? resource : `/api/v1/${resource}`;
+}
+
+/** The watch path of `resource` in one namespace. */
+function namespacedPath(resource: string, namespace: string): string {
+  if (!resource.startsWith('/apis')) return `/api/v1/namespaces/${namespace}/${resource}`;
+  const plural = resource.slice(resource.lastIndexOf('/') + 1);
+  return `${resource.slice(0, resource.lastIndexOf('/'))}/namespaces/${namespace}/${plural}`;
 }
 
 /**

@@ -35,6 +35,7 @@ async function main(): Promise<void> {
     identity: config.identity,
     workers: config.WORKERS,
     poolSelector: config.POOL_SELECTOR,
+    ...(config.WATCH_NAMESPACES.length ? { namespaces: config.WATCH_NAMESPACES } : {}),
     maxReapsPerPass: config.REAP_BATCH,
     deleteConcurrency: config.REAP_CONCURRENCY,
     orphanGraceMs: config.ORPHAN_SECRET_GRACE_SECONDS * 1000,
@@ -68,7 +69,7 @@ async function main(): Promise<void> {
 
   const probes: Server = createProbeServer({ registry: metrics.registry, ready: () => !shuttingDown && controller.cachesSynced() });
   const address = await listen(probes, config.METRICS_PORT, config.METRICS_HOST);
-  log.info({ identity: config.identity, metricsPort: address.port, lease: `${config.LEASE_NAMESPACE}/${config.LEASE_NAME}` }, 'operator starting');
+  log.info({ identity: config.identity, namespaces: config.WATCH_NAMESPACES.length ? config.WATCH_NAMESPACES : 'all', metricsPort: address.port, lease: `${config.LEASE_NAMESPACE}/${config.LEASE_NAME}` }, 'operator starting');
 
   const shutdown = async (signal: string) => {
     if (shuttingDown) return;

@@ -41,6 +41,8 @@ export interface ReconcilerOptions {
   now?: () => number;
   /** Boxes seen through watch events but possibly gone from the cache before a reconcile counted them. */
   seenBoxes: SeenBoxes;
+  /** The namespaces the operator may use (namespaced RBAC); undefined: every namespace. */
+  namespaces?: readonly string[];
   maxReapsPerPass?: number;
   deleteConcurrency?: number;
   orphanGraceMs?: number;
@@ -109,6 +111,19 @@ export class PoolReconciler {
     const requeue = (ms: number) => {
       requeueAfterMs = requeueAfterMs === undefined ? ms : Math.min(requeueAfterMs, ms);
     };
+
+    if (this.o.namespaces && !this.o.namespaces.includes(ns)) {
+      // Without permissions there, every call would be refused: say what to change instead.
+      const message =
+        `namespace ${ns} is not one this operator may use (${this.o.namespaces.join(', ')}); ` +
+        'add it to the chart value rbac.extraPoolNamespaces (or use rbac.namespaced=false) and upgrade the release';
+      const conditions: ConditionInput[] = [
+        { type: 'Ready', status: 'False', reason: 'NamespaceNotWatched', message },
+        { type: 'Degraded', status: 'True', reason: 'NamespaceNotWatched', message },
+      ];
+      const written = await this.writeStatus(pool, conditions, 0, log);
+      return written === 'conflict' ? { requeueAfterMs: 100 } : {};
+    }
 
     const rival = this.namespaceRival(pool);
     let childrenOk = false;

@@ -39,6 +39,7 @@ const DEV_LABEL = 'sandbox-bridge.io/dev';
 const BACKOFF_START_MS = 1000;
 const BACKOFF_MAX_MS = 30_000;
 const STABLE_AFTER_MS = 60_000;
+const GVISOR_RUNTIME_CLASS = 'gvisor';
 
 const say = (msg) => process.stderr.write(`[dev] ${msg}\n`);
 const children = [];
@@ -121,6 +122,15 @@ async function applyPolicy(kc, hasRealNode) {
       }
     : { defaultImage: LOCAL_BOX_IMAGE, nodeSelector: null, tolerations: null };
   if (!hasRealNode) say('no real node: boxes run on simulated nodes, which have no boxd: create/list/delete work, exec and files do not');
+  // The pool's NetworkPolicy admits only bridge pods to boxd; this bridge runs on the host, and
+  // traffic from a node to its own pods is not subject to NetworkPolicy (network-policy.test.ts
+  // checks that under the real node's enforcer).
+  // The real node's gVisor RuntimeClass (test/cluster/real-node/up.sh), when runsc runs here:
+  // a box asks for it with {"runtimeClassName": "gvisor"}.
+  const gvisor = await kc
+    .makeApiClient(k8s.NodeV1Api)
+    .readRuntimeClass({ name: GVISOR_RUNTIME_CLASS })
+    .then(() => true, () => false);
   const custom = kc.makeApiClient(k8s.CustomObjectsApi);
   const ref = { group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools' };
   const existing = await custom.getClusterCustomObject({ ...ref, name: POOL }).catch((err) => {
@@ -132,17 +142,25 @@ async function applyPolicy(kc, hasRealNode) {
     const stale = Object.fromEntries(Object.keys(existing.spec?.box?.nodeSelector ?? {}).map((key) => [key, null]));
     const patch = { ...box, nodeSelector: box.nodeSelector === null ? null : { ...stale, ...box.nodeSelector } };
     await custom.patchClusterCustomObject(
-      { ...ref, name: POOL, body: { metadata: { labels: { [DEV_LABEL]: POOL } }, spec: { box: patch } } },
+      {
+        ...ref,
+        name: POOL,
+        body: { metadata: { labels: { [DEV_LABEL]: POOL } }, spec: { box: patch, allowedRuntimeClassNames: gvisor ? [GVISOR_RUNTIME_CLASS] : [] } },
+      },
       k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
     );
     say(`using the existing SandboxPool ${POOL} (placement updated)`);
   } else {
-    const spec = { namespace: NAMESPACE, box: Object.fromEntries(Object.entries(box).filter(([, v]) => v !== null)) };
+    const spec = {
+      namespace: NAMESPACE,
+      box: Object.fromEntries(Object.entries(box).filter(([, v]) => v !== null)),
+      allowedRuntimeClassNames: gvisor ? [GVISOR_RUNTIME_CLASS] : [],
+    };
     await custom.createClusterCustomObject({
       ...ref,
       body: { apiVersion: 'sandbox-bridge.io/v1alpha1', kind: 'SandboxPool', metadata: { name: POOL, labels: { [DEV_LABEL]: POOL } }, spec },
     });
-    say(`created SandboxPool ${POOL} (namespace ${NAMESPACE})`);
+    say(`created SandboxPool ${POOL} (namespace ${NAMESPACE}${gvisor ? `, runtime class ${GVISOR_RUNTIME_CLASS} allowed` : ''})`);
   }
 }
 

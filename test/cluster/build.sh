@@ -21,7 +21,8 @@ log() { printf '[cluster:build] %s\n' "$*" >&2; }
 # gobuild NAME VERSION MODULE PKG... : builds the main packages PKG... of MODULE@VERSION into
 # $cache/NAME-VERSION/bin through a throwaway module, so that the target's own replace
 # directives do not get in the way. Extra go.mod lines come through REPLACES, extra linker flags
-# through LDFLAGS.
+# through LDFLAGS. STUB_MODULES names modules the target requires but never imports (and the
+# proxy does not serve): each is replaced with an empty local module.
 gobuild() {
   local name=$1 version=$2 module=$3; shift 3
   local dir="$cache/$name-$version"
@@ -34,6 +35,10 @@ gobuild() {
       cd "$dir/src"
       printf 'module sandbox-bridge.local/build/%s\n\ngo 1.25.0\n' "$name" > go.mod
       [ -n "${REPLACES:-}" ] && printf '%s\n' "$REPLACES" >> go.mod
+      for m in ${STUB_MODULES:-}; do
+        mkdir -p "stub/$m" && printf 'module %s\n\ngo 1.21\n' "$m" > "stub/$m/go.mod"
+        printf 'replace %s => ./stub/%s\n' "$m" "$m" >> go.mod
+      done
       go get "$module@$version"
       # One invocation for all binaries: packages they share compile once, in parallel.
       CGO_ENABLED=0 go build -trimpath -ldflags="-s -w ${LDFLAGS:-}" -o "$dir/bin/" "$@"
@@ -85,5 +90,37 @@ LDFLAGS="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" REPLACES='' 
 # metrics-server reports client-go's version variables.
 LDFLAGS=$(component_version "$METRICS_SERVER_VERSION" k8s.io/client-go/pkg/version) REPLACES='' \
   gobuild metrics-server "$METRICS_SERVER_VERSION" sigs.k8s.io/metrics-server sigs.k8s.io/metrics-server/cmd/metrics-server
+
+# gVisor: runsc and the containerd shim (package gvisor.dev/gvisor/shim, so go names it "shim").
+LDFLAGS="-X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" REPLACES='' \
+  gobuild gvisor "$GVISOR_VERSION" gvisor.dev/gvisor gvisor.dev/gvisor/runsc gvisor.dev/gvisor/shim
+rm -f "$bin/shim"
+ln -sf "$cache/gvisor-$GVISOR_VERSION/bin/shim" "$bin/containerd-shim-runsc-v1"
+
+# Calico: felix (calico-felix) and the CNI plugin (calico). Calico's go.mod replaces its api
+# and lib modules with directories of its own repo and pins the Kubernetes libraries, so the
+# throwaway module does the same with published versions. These pseudo-versions are not in
+# the checksum database (it only knows canonical ones, which the proxy does not serve), so
+# GONOSUMDB lets the proxy's copy be used for them alone.
+calico_replaces() {
+  printf 'replace (\n'
+  printf '\tgithub.com/projectcalico/api => github.com/projectcalico/api %s\n' "$CALICO_API_VERSION"
+  printf '\tgithub.com/projectcalico/calico/lib/std => github.com/projectcalico/calico/lib/std %s\n' "$CALICO_VERSION"
+  printf '\tgopkg.in/natefinch/lumberjack.v2 => gopkg.in/natefinch/lumberjack.v2 v2.0.0\n'
+  for m in api apiextensions-apiserver apimachinery apiserver client-go component-base; do
+    printf '\tk8s.io/%s => k8s.io/%s %s\n' "$m" "$m" "$CALICO_K8S_VERSION"
+  done
+  printf ')\n'
+}
+GONOSUMDB=github.com/projectcalico LDFLAGS='' REPLACES=$(calico_replaces) \
+STUB_MODULES=github.com/projectcalico/calico/lib/httpmachinery \
+  gobuild calico "$CALICO_VERSION" github.com/projectcalico/calico \
+  github.com/projectcalico/calico/felix/cmd/calico-felix github.com/projectcalico/calico/cni-plugin/cmd/calico
+# Felix reads its policy model from Calico's CRDs; real-node/up.sh applies these copies.
+calico_dir="$cache/calico-$CALICO_VERSION"
+if [ ! -d "$calico_dir/crds" ]; then
+  src=$(cd "$calico_dir/src" && GONOSUMDB=github.com/projectcalico go list -m -f '{{.Dir}}' github.com/projectcalico/calico)
+  cp -r "$src/libcalico-go/config/crd" "$calico_dir/crds.tmp" && chmod -R u+w "$calico_dir/crds.tmp" && mv "$calico_dir/crds.tmp" "$calico_dir/crds"
+fi
 
 log "binaries ready in $bin: $(ls "$bin" | tr '\n' ' ')"

@@ -1,7 +1,13 @@
 // `helm install` of charts/sandbox-bridge into the local cluster: every rendered object is on
-// the API server, the chart's pods pass `restricted` Pod Security, and the bridge, run with a
-// token of the chart's own ServiceAccount (so with exactly the chart's RBAC), serves a whole box
-// lifecycle. Removing one verb from the Role turns the matching call into the documented 403.
+// the API server, the chart's pods pass `restricted` Pod Security, and the bridge and the
+// operator, each run with a token of the chart's own ServiceAccount (so with exactly the chart's
+// RBAC), do their whole job: the bridge serves a box lifecycle, the operator reconciles the
+// chart's pool and reaps. `kubectl auth can-i` shows neither can read a Secret or Pod outside the
+// pool namespace. Removing one verb from the Role turns the matching call into the documented 403.
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import { pino } from 'pino';
@@ -9,7 +15,9 @@ import { boxSecretName } from '../../common/labels.js';
 import { startBridge, type RunningBridge } from '../../bridge/server.js';
 import { ON_REAL_NODE, TEST_TOKEN, api, testConfig } from '../support/bridge.js';
 import { LOCAL_BOX_IMAGE, testKubeConfig, waitFor } from '../support/cluster.js';
-import { installCrd } from '../support/operator.js';
+import { boxPod, installCrd, startOperator, type OperatorProcess } from '../support/operator.js';
+import { ANNOTATIONS } from '../../common/labels.js';
+import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool } from '../../common/pool.js';
 import { TOKEN, helm, parseDocs, withValuesFile, CHART, type Doc } from '../chart/helm.js';
 
 const kc = testKubeConfig();
@@ -23,11 +31,46 @@ const releaseNs = `chart-${id}-sys`;
 const sandboxNs = `chart-${id}-boxes`;
 const poolName = `chart-${id}`;
 const bridgeName = `${release}-sandbox-bridge-bridge`;
+const operatorName = `${release}-sandbox-bridge-operator`;
 const kubeconfigEnv = { KUBECONFIG: process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG! };
+const custom = kc.makeApiClient(k8s.CustomObjectsApi);
+const pools = { group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL };
+const strayPool = `chart-${id}-stray`;
+const tmp = mkdtempSync(join(tmpdir(), 'chart-install-'));
 
 let manifest: Doc[] = [];
 let bridge: RunningBridge | undefined;
+let operator: OperatorProcess | undefined;
 let saKc: k8s.KubeConfig;
+
+/** A kubeconfig that authenticates as the chart's ServiceAccount `name` (a token, as the kubelet would mount it). */
+async function serviceAccountKubeConfig(name: string): Promise<k8s.KubeConfig> {
+  const tokenRequest = await core.createNamespacedServiceAccountToken({
+    name,
+    namespace: releaseNs,
+    body: { spec: { audiences: [], expirationSeconds: 3600 } },
+  });
+  const cluster = kc.getCurrentCluster()!;
+  const sa = new k8s.KubeConfig();
+  sa.loadFromOptions({
+    clusters: [{ name: 'local', server: cluster.server, caData: cluster.caData, caFile: cluster.caFile, skipTLSVerify: cluster.skipTLSVerify }],
+    users: [{ name, token: tokenRequest.status!.token }],
+    contexts: [{ name: 'sa', cluster: 'local', user: name }],
+    currentContext: 'sa',
+  });
+  return sa;
+}
+
+/** `kubectl auth can-i` as one of the chart's ServiceAccounts: true for "yes". */
+function canI(account: string, verb: string, resource: string, namespace?: string): boolean {
+  const res = spawnSync(
+    join(process.cwd(), '.cluster/bin/kubectl'),
+    ['auth', 'can-i', verb, resource, ...(namespace ? ['-n', namespace] : ['--all-namespaces']), `--as=system:serviceaccount:${releaseNs}:${account}`],
+    { encoding: 'utf8', env: { ...process.env, ...kubeconfigEnv } },
+  );
+  if (res.status !== 0 && res.status !== 1) throw new Error(`kubectl auth can-i failed: ${res.stderr}`);
+  return res.stdout.trim() === 'yes';
+}
 
 /** Whether the chart's bridge ServiceAccount may do `verb` on `resource` (asked as that account). */
 async function allowed(verb: string, resource: string, namespace?: string, subresource?: string): Promise<boolean> {
@@ -70,24 +113,15 @@ beforeAll(async () => {
   const got = helm(['get', 'manifest', release, '--namespace', releaseNs], { env: kubeconfigEnv });
   manifest = parseDocs(got.stdout);
 
-  // A token of the chart's bridge ServiceAccount, as the kubelet would mount it.
-  const tokenRequest = await core.createNamespacedServiceAccountToken({
-    name: bridgeName,
-    namespace: releaseNs,
-    body: { spec: { audiences: [], expirationSeconds: 3600 } },
-  });
-  const cluster = kc.getCurrentCluster()!;
-  saKc = new k8s.KubeConfig();
-  saKc.loadFromOptions({
-    clusters: [{ name: 'local', server: cluster.server, caData: cluster.caData, caFile: cluster.caFile, skipTLSVerify: cluster.skipTLSVerify }],
-    users: [{ name: bridgeName, token: tokenRequest.status!.token }],
-    contexts: [{ name: 'sa', cluster: 'local', user: bridgeName }],
-    currentContext: 'sa',
-  });
+  saKc = await serviceAccountKubeConfig(bridgeName);
 }, 120_000);
 
 afterAll(async () => {
   await bridge?.close();
+  await operator?.stop();
+  await custom.deleteClusterCustomObject({ ...pools, name: strayPool }).catch(() => undefined);
+  await core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${poolName}` }).catch(() => undefined);
+  rmSync(tmp, { recursive: true, force: true });
   helm(['uninstall', release, '--namespace', releaseNs, '--timeout', '60s'], { env: kubeconfigEnv, timeoutMs: 90_000 });
   for (const name of [releaseNs, sandboxNs]) await core.deleteNamespace({ name, propagationPolicy: 'Background' }).catch(() => undefined);
 }, 120_000);
@@ -97,8 +131,8 @@ test('every object helm rendered is on the API server', async () => {
   expect(kinds).toEqual(
     [
       'ClusterRole', 'ClusterRole', 'ClusterRoleBinding', 'ClusterRoleBinding', 'Deployment', 'Deployment', 'Namespace',
-      'NetworkPolicy', 'NetworkPolicy', 'PodDisruptionBudget', 'PodDisruptionBudget', 'Role', 'Role', 'Role',
-      'RoleBinding', 'RoleBinding', 'RoleBinding', 'SandboxPool', 'Secret', 'Secret', 'Service', 'Service', 'Service',
+      'NetworkPolicy', 'NetworkPolicy', 'PodDisruptionBudget', 'PodDisruptionBudget', 'Role', 'Role', 'Role', 'Role',
+      'RoleBinding', 'RoleBinding', 'RoleBinding', 'RoleBinding', 'SandboxPool', 'Secret', 'Secret', 'Service', 'Service', 'Service',
       'ServiceAccount', 'ServiceAccount',
     ].sort(),
   );
@@ -144,6 +178,92 @@ test('ServiceAccount permissions: what the bridge needs where it needs it, nothi
   for (const [verb, resource, ns, sub, _] of expectations) results.push([verb, resource, ns, sub, await allowed(verb, resource, ns, sub)]);
   expect(results).toEqual(expectations);
 });
+
+test('kubectl auth can-i: neither program can read a Secret or Pod outside the pool namespace', () => {
+  for (const account of [bridgeName, operatorName]) {
+    for (const ns of ['default', 'kube-system', releaseNs]) {
+      expect({ account, ns, getSecrets: canI(account, 'get', 'secrets', ns), listPods: canI(account, 'list', 'pods', ns) }).toEqual({
+        account,
+        ns,
+        getSecrets: false,
+        listPods: false,
+      });
+    }
+    expect({ account, clusterWidePods: canI(account, 'list', 'pods'), clusterWideSecrets: canI(account, 'list', 'secrets') }).toEqual({
+      account,
+      clusterWidePods: false,
+      clusterWideSecrets: false,
+    });
+    expect(canI(account, 'list', 'pods', sandboxNs)).toBe(true);
+  }
+  // The operator reaches namespaces only by name: its pool namespace, no other.
+  expect(canI(operatorName, 'patch', `namespaces/${sandboxNs}`)).toBe(true);
+  expect(canI(operatorName, 'patch', 'namespaces/default')).toBe(false);
+  expect(canI(operatorName, 'list', 'namespaces')).toBe(false);
+  expect(canI(operatorName, 'delete', 'secrets', sandboxNs)).toBe(true);
+  expect(canI(operatorName, 'get', 'secrets', sandboxNs)).toBe(false);
+});
+
+test('the operator, with only the chart RBAC, reconciles the chart pool, reaps its boxes, and refuses a pool elsewhere', async () => {
+  const deployment = manifest.find((d) => d.kind === 'Deployment' && d.metadata.name === operatorName)!;
+  const env = Object.fromEntries(
+    (deployment.spec.template.spec.containers[0].env as Array<{ name: string; value?: string }>).map((e) => [e.name, e.value]),
+  );
+  expect(env.WATCH_NAMESPACES).toBe(sandboxNs);
+  const kubeconfig = join(tmp, 'operator.kubeconfig');
+  writeFileSync(kubeconfig, (await serviceAccountKubeConfig(operatorName)).exportConfig(), { mode: 0o600 });
+  operator = await startOperator({
+    shard: 'unused',
+    leaseName: operatorName,
+    leaseNamespace: releaseNs,
+    name: 'chart-operator',
+    env: { KUBECONFIG: kubeconfig, WATCH_NAMESPACES: env.WATCH_NAMESPACES!, POOL_SELECTOR: `app.kubernetes.io/instance=${release}` },
+  });
+
+  const ready = await waitFor('the chart pool to be Ready', async () => {
+    const pool = (await custom.getClusterCustomObject({ ...pools, name: poolName })) as SandboxPool;
+    return pool.status?.conditions?.find((c) => c.type === 'Ready' && c.status === 'True') ? pool : undefined;
+  }, { timeoutMs: 30_000 }).catch((err: unknown) => {
+    throw new Error(`${String(err)}\noperator log:\n${operator?.logs()}`);
+  });
+  expect(ready.status?.conditions?.find((c) => c.type === 'Degraded')).toMatchObject({ status: 'False' });
+  const policy = await kc.makeApiClient(k8s.NetworkingV1Api).readNamespacedNetworkPolicy({ name: 'sandbox-bridge-boxes', namespace: sandboxNs });
+  expect(policy.spec?.ingress?.[0]?._from?.[0]?.namespaceSelector?.matchLabels).toEqual({ 'kubernetes.io/metadata.name': releaseNs });
+
+  // An expired box is deleted (pods: delete in the pool namespace) and the event written (default).
+  const expired = boxPod(`chart-${id}-expired`, poolName, { [ANNOTATIONS.expiresAt]: new Date(Date.now() - 1000).toISOString() });
+  await core.createNamespacedPod({ namespace: sandboxNs, body: expired });
+  await waitFor('the expired box to be reaped', async () => {
+    const pods = await core.listNamespacedPod({ namespace: sandboxNs, fieldSelector: `metadata.name=${expired.metadata!.name}` });
+    return pods.items.every((p) => p.metadata?.deletionTimestamp) ? true : undefined;
+  }, { timeoutMs: 30_000 });
+  await waitFor('the BoxExpired event', async () => {
+    const events = await core.listNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${poolName},reason=BoxExpired` });
+    return events.items.length ? true : undefined;
+  });
+
+  // A pool in a namespace the chart gave it no Role in: not Ready, saying what to change; nothing created there.
+  await custom.createClusterCustomObject({
+    ...pools,
+    body: {
+      apiVersion: `${POOL_GROUP}/${POOL_VERSION}`,
+      kind: 'SandboxPool',
+      metadata: { name: strayPool, labels: { 'app.kubernetes.io/instance': release } },
+      spec: { namespace: `${strayPool}-boxes` },
+    },
+  });
+  const stray = await waitFor('the stray pool to be reported', async () => {
+    const pool = (await custom.getClusterCustomObject({ ...pools, name: strayPool })) as SandboxPool;
+    return pool.status?.conditions?.find((c) => c.type === 'Ready') ? pool : undefined;
+  });
+  expect(stray.status?.conditions?.find((c) => c.type === 'Ready')).toMatchObject({
+    status: 'False',
+    reason: 'NamespaceNotWatched',
+    message: expect.stringContaining('rbac.extraPoolNamespaces'),
+  });
+  expect((await core.listNamespace({ fieldSelector: `metadata.name=${strayPool}-boxes` })).items).toHaveLength(0);
+  expect(operator.logs()).not.toMatch(/forbidden/i);
+}, 120_000);
 
 test('the bridge, with only the chart RBAC, serves a whole box lifecycle; a missing verb is a 403', async () => {
   bridge = await startBridge(testConfig({ POOL_NAME: poolName, SANDBOX_NAMESPACE: 'unused-fallback' }), {

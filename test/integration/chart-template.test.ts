@@ -7,6 +7,8 @@ import { load } from 'js-yaml';
 import { parseTokensFile } from '../../bridge/http/tokens.js';
 import { createMetrics } from '../../bridge/metrics.js';
 import { createOperatorMetrics } from '../../operator/metrics.js';
+import { BOXD_PORT } from '../../common/boxd.js';
+import { POOL_DEFAULTS } from '../../common/pool.js';
 import { CHART, MONITORING_APIS, ROOT, TOKEN, helm, template, type Doc } from '../chart/helm.js';
 
 const BRIDGE = 'rel-sandbox-bridge-bridge';
@@ -20,6 +22,19 @@ const BRIDGE_NAMESPACED_RULES = [
   { apiGroups: [''], resources: ['secrets'], verbs: ['get', 'create', 'update'] },
   { apiGroups: ['metrics.k8s.io'], resources: ['pods'], verbs: ['list'] },
 ];
+/** The operator's calls in each pool namespace (operator/controller.ts, pool-reconciler.ts, events). */
+const OPERATOR_NAMESPACED_RULES = [
+  { apiGroups: [''], resources: ['pods', 'secrets'], verbs: ['list', 'watch', 'delete'] },
+  { apiGroups: [''], resources: ['resourcequotas', 'limitranges'], verbs: ['get', 'list', 'watch', 'create', 'patch'] },
+  { apiGroups: ['networking.k8s.io'], resources: ['networkpolicies'], verbs: ['get', 'list', 'watch', 'create', 'patch'] },
+  { apiGroups: [''], resources: ['events'], verbs: ['create', 'patch'] },
+];
+const OPERATOR_POOL_RULES = [
+  { apiGroups: ['sandbox-bridge.io'], resources: ['sandboxpools'], verbs: ['get', 'list', 'watch'] },
+  { apiGroups: ['sandbox-bridge.io'], resources: ['sandboxpools/status'], verbs: ['update'] },
+  { apiGroups: ['sandbox-bridge.io'], resources: ['sandboxpools/finalizers'], verbs: ['update'] },
+];
+const NAMESPACE_VERBS = ['get', 'list', 'watch', 'create', 'patch'];
 const BRIDGE_CLUSTER_RULES = [
   { apiGroups: [''], resources: ['nodes'], verbs: ['list', 'watch'] },
   { apiGroups: ['sandbox-bridge.io'], resources: ['sandboxpools'], verbs: ['list', 'watch'] },
@@ -64,7 +79,7 @@ describe('chart metadata and defaults', () => {
     expect(v.ingress.clusterIssuer).toBeTruthy();
     expect(v.autoscaling).toEqual({ enabled: false, minReplicas: 2, maxReplicas: 10, targetCPUUtilization: 70, targetMemoryUtilization: 80 });
     expect(v.resources).toEqual({ requests: { cpu: '100m', memory: '128Mi' }, limits: { cpu: '500m', memory: '512Mi' } });
-    expect(v.rbac).toMatchObject({ create: true, namespaced: true });
+    expect(v.rbac).toMatchObject({ create: true, namespaced: true, extraPoolNamespaces: [] });
     expect(v.rbac.targetNamespace).toBeTruthy();
     expect(v.networkPolicy).toMatchObject({ enabled: true, egressCIDRs: ['0.0.0.0/0'] });
     expect(v.podDisruptionBudget).toEqual({ enabled: true, minAvailable: 1 });
@@ -251,16 +266,39 @@ describe('RBAC', () => {
     }
   });
 
-  test('operator: cluster rules for its children, a Lease Role in the release namespace, events in default', () => {
-    const out = template();
+  test('operator, namespaced (default): a Role in each pool namespace, the namespaces by name, pools; WATCH_NAMESPACES', () => {
+    const out = template({ secret: { token: TOKEN }, rbac: { targetNamespace: 'boxes', extraPoolNamespaces: ['boxes-b', 'boxes'] } });
+    const roles = out.all('Role').filter((r) => r.metadata.name === OPERATOR);
+    expect(roles.map((r) => r.metadata.namespace)).toEqual(['boxes', 'boxes-b']);
+    for (const role of roles) expect(role.rules).toEqual(OPERATOR_NAMESPACED_RULES);
+    const bindings = out.all('RoleBinding').filter((r) => r.metadata.name === OPERATOR);
+    expect(bindings.map((b) => [b.metadata.namespace, b.subjects])).toEqual(
+      ['boxes', 'boxes-b'].map((ns) => [ns, [{ kind: 'ServiceAccount', name: OPERATOR, namespace: 'bridge-ns' }]]),
+    );
+    expect(out.one('ClusterRole', OPERATOR).rules).toEqual([
+      { apiGroups: [''], resources: ['namespaces'], resourceNames: ['boxes', 'boxes-b'], verbs: NAMESPACE_VERBS },
+      ...OPERATOR_POOL_RULES,
+    ]);
+    expect(env(out.one('Deployment', OPERATOR))).toMatchObject({ WATCH_NAMESPACES: 'boxes,boxes-b' });
+    // Both pool namespaces are created, so the Roles can be bound at install.
+    expect(out.all('Namespace').map((n) => n.metadata.name)).toEqual(['boxes', 'boxes-b']);
+
     const lease = out.one('Role', `${OPERATOR}-leader-election`);
     expect(lease.metadata.namespace).toBe('bridge-ns');
     expect(lease.rules).toContainEqual({ apiGroups: ['coordination.k8s.io'], resources: ['leases'], resourceNames: [OPERATOR], verbs: ['get', 'update'] });
     expect(out.one('Role', `${OPERATOR}-events`).metadata.namespace).toBe('default');
-    const rules = out.one('ClusterRole', OPERATOR).rules as k8s.V1PolicyRule[];
-    expect(rules).toContainEqual({ apiGroups: ['sandbox-bridge.io'], resources: ['sandboxpools/status'], verbs: ['update'] });
-    const env = Object.fromEntries(containers(out.one('Deployment', OPERATOR))[0]!.env!.map((e) => [e.name, e.value]));
-    expect(env).toMatchObject({ LEASE_NAMESPACE: 'bridge-ns', LEASE_NAME: OPERATOR });
+    expect(env(out.one('Deployment', OPERATOR))).toMatchObject({ LEASE_NAMESPACE: 'bridge-ns', LEASE_NAME: OPERATOR });
+  });
+
+  test('operator, rbac.namespaced=false: one ClusterRole with every rule, every namespace watched', () => {
+    const out = template({ secret: { token: TOKEN }, rbac: { namespaced: false } });
+    expect(out.all('Role').filter((r) => r.metadata.name === OPERATOR)).toHaveLength(0);
+    expect(out.one('ClusterRole', OPERATOR).rules).toEqual([
+      { apiGroups: [''], resources: ['namespaces'], verbs: NAMESPACE_VERBS },
+      ...OPERATOR_POOL_RULES,
+      ...OPERATOR_NAMESPACED_RULES,
+    ]);
+    expect(env(out.one('Deployment', OPERATOR))).toMatchObject({ WATCH_NAMESPACES: '' });
   });
 });
 
@@ -386,26 +424,50 @@ describe('scaling and disruption', () => {
 });
 
 describe('network policy', () => {
-  test('deny by default; API port from the release namespace; metrics port; egress only DNS and the API server', () => {
-    const out = template({ secret: { token: TOKEN }, networkPolicy: { egressCIDRs: ['10.0.0.1/32'] } });
+  test('deny by default; API port from the release namespace; metrics port from Prometheus; egress DNS, API server, boxd', () => {
+    const out = template({ secret: { token: TOKEN }, networkPolicy: { egressCIDRs: ['10.0.0.1/32'] }, rbac: { targetNamespace: 'boxes' } });
     const np = out.one('NetworkPolicy', BRIDGE);
     expect(np.spec.policyTypes).toEqual(['Ingress', 'Egress']);
     expect(np.spec.podSelector.matchLabels).toMatchObject({ 'app.kubernetes.io/component': 'bridge' });
+    const prometheus = {
+      namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'monitoring' } },
+      podSelector: { matchLabels: { 'app.kubernetes.io/name': 'prometheus' } },
+    };
     expect(np.spec.ingress).toEqual([
       { ports: [{ protocol: 'TCP', port: 8080 }], from: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'bridge-ns' } } }] },
-      { ports: [{ protocol: 'TCP', port: 9090 }], from: [{ namespaceSelector: {} }] },
+      { ports: [{ protocol: 'TCP', port: 9090 }], from: [prometheus] },
     ]);
+    const dns = {
+      to: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'kube-system' } } }],
+      ports: [
+        { protocol: 'UDP', port: 53 },
+        { protocol: 'TCP', port: 53 },
+      ],
+    };
+    const apiServer = { to: [{ ipBlock: { cidr: '10.0.0.1/32' } }], ports: [{ protocol: 'TCP', port: 443 }, { protocol: 'TCP', port: 6443 }] };
     expect(np.spec.egress).toEqual([
+      dns,
+      apiServer,
       {
-        to: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'kube-system' } } }],
-        ports: [
-          { protocol: 'UDP', port: 53 },
-          { protocol: 'TCP', port: 53 },
+        to: [
+          {
+            namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'boxes' } },
+            podSelector: { matchLabels: { 'sandbox-bridge.io/box': 'true' } },
+          },
         ],
+        ports: [{ protocol: 'TCP', port: BOXD_PORT }],
       },
-      { to: [{ ipBlock: { cidr: '10.0.0.1/32' } }], ports: [{ protocol: 'TCP', port: 443 }, { protocol: 'TCP', port: 6443 }] },
     ]);
-    expect(out.one('NetworkPolicy', OPERATOR).spec.policyTypes).toEqual(['Ingress', 'Egress']);
+    const op = out.one('NetworkPolicy', OPERATOR);
+    expect(op.spec.policyTypes).toEqual(['Ingress', 'Egress']);
+    expect(op.spec.ingress).toEqual([{ ports: [{ protocol: 'TCP', port: 9090 }], from: [prometheus] }]);
+    expect(op.spec.egress).toEqual([dns, apiServer]);
+  });
+
+  test('metricsIngressFrom: [] admits nobody to the metrics port (no rule without `from`, which would admit all)', () => {
+    const out = template({ secret: { token: TOKEN }, networkPolicy: { metricsIngressFrom: [] } });
+    expect(out.one('NetworkPolicy', BRIDGE).spec.ingress.map((r: k8s.V1NetworkPolicyIngressRule) => r.ports?.[0]?.port)).toEqual([8080]);
+    expect(out.one('NetworkPolicy', OPERATOR).spec.ingress).toEqual([]);
   });
 
   test('extra sources for the API port (an ingress controller)', () => {
@@ -566,9 +628,24 @@ describe('pods and security', () => {
     expect(template({ secret: { token: TOKEN }, pool: { create: false } }).all('SandboxPool')).toHaveLength(0);
   });
 
+  test('the default SandboxPool admits only this release\'s bridge pods and carries the egress defaults of common/pool.ts', () => {
+    const out = template({ secret: { token: TOKEN } });
+    const pool = out.one('SandboxPool', 'default');
+    expect(pool.spec.bridge).toEqual({
+      namespace: 'bridge-ns',
+      podLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/instance': 'rel', 'app.kubernetes.io/component': 'bridge' },
+    });
+    // The bridge Deployment's pods carry those labels.
+    const podLabels = out.one('Deployment', BRIDGE).spec.template.metadata.labels;
+    expect(podLabels).toMatchObject(pool.spec.bridge.podLabels);
+    expect(pool.spec.egress).toEqual(POOL_DEFAULTS.egress);
+  });
+
   test('the sandbox namespace may not be the release namespace', () => {
     const out = template({ secret: { token: TOKEN }, rbac: { targetNamespace: 'bridge-ns' } });
     expect(out.status).not.toBe(0);
-    expect(out.stderr).toContain('rbac.targetNamespace must differ from the release namespace');
+    expect(out.stderr).toContain('rbac.targetNamespace and rbac.extraPoolNamespaces must differ from the release namespace');
+    const extra = template({ secret: { token: TOKEN }, rbac: { extraPoolNamespaces: ['bridge-ns'] } });
+    expect(extra.status).not.toBe(0);
   });
 });

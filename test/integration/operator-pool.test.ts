@@ -2,7 +2,9 @@
 // keeps them in line with the pool and repairs drift; the API server enforces the CRD's
 // validation and, through the quota, the global box cap.
 import * as k8s from '@kubernetes/client-node';
+import { BOXD_PORT } from '../../common/boxd.js';
 import { apiMessage } from '../../common/kube.js';
+import { desiredNetworkPolicy } from '../../operator/children.js';
 import { waitFor, testKubeConfig } from '../support/cluster.js';
 import { Pools, boxPod, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
 
@@ -54,17 +56,12 @@ test('a pool gets a labelled namespace, quota, limit range and network policy, a
   const policy = await net.readNamespacedNetworkPolicy({ name: 'sandbox-bridge-boxes', namespace: ns });
   expect(policy.spec?.podSelector).toEqual({});
   expect(policy.spec?.policyTypes).toEqual(['Ingress', 'Egress']);
-  expect(policy.spec?.ingress ?? []).toEqual([]);
-  expect(policy.spec?.egress).toEqual([
-    {
-      to: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'kube-system' } } }],
-      ports: [
-        { protocol: 'UDP', port: 53 },
-        { protocol: 'TCP', port: 53 },
-      ],
-    },
-    { to: [{ ipBlock: { cidr: '0.0.0.0/0', except: ['169.254.169.254/32', '169.254.0.0/16'] } }] },
-  ]);
+  // What the API server stored is what desiredNetworkPolicy built (its unit test pins the content).
+  const desired = desiredNetworkPolicy(pool).spec as k8s.V1NetworkPolicySpec;
+  expect(policy.spec?.ingress).toEqual(desired.ingress);
+  expect(policy.spec?.egress).toEqual(desired.egress);
+  expect(policy.spec?.ingress?.[0]?.ports).toEqual([{ protocol: 'TCP', port: BOXD_PORT }]);
+  expect(policy.spec?.egress?.[1]?.to?.[0]?.ipBlock?.except).toContain('10.0.0.0/8');
 
   expect(pool.status).toMatchObject({ observedGeneration: 1, activeBoxes: 0, totalBoxesCreated: 0 });
   expect(pool.status?.conditions?.find((c) => c.type === 'Degraded')).toMatchObject({ status: 'False', reason: 'AsExpected' });

@@ -7,11 +7,9 @@ import {
   deleteTestNamespace,
   execInPod,
   exitCodeOf,
-  LOCAL_BOX_IMAGE,
-  onRealNode,
   REAL_NODE_LABEL,
   realNodeAvailable,
-  restrictedPod,
+  realNodeBox,
   testKubeConfig,
   waitFor,
 } from '../support/cluster.js';
@@ -27,39 +25,7 @@ if (!realNode.available) {
   );
 }
 
-/** A box as the bridge makes it (image, user, workdir, emptyDirs), pinned to the real node. */
-function box(name: string, command: string, memory = '64Mi'): k8s.V1Pod {
-  const pod = restrictedPod(
-    name,
-    onRealNode({
-      containers: [],
-      restartPolicy: 'Never',
-      terminationGracePeriodSeconds: 1,
-      volumes: [
-        { name: 'workspace', emptyDir: { sizeLimit: '256Mi' } },
-        { name: 'tmp', emptyDir: { sizeLimit: '64Mi' } },
-      ],
-    }),
-  );
-  // restrictedPod's container, made into a box: the spread above replaced the list.
-  const base = restrictedPod(name).spec!.containers[0]!;
-  pod.spec!.containers = [
-    {
-      ...base,
-      image: LOCAL_BOX_IMAGE,
-      // Locally built and imported (test/cluster/real-node/images.sh); no registry to pull from.
-      imagePullPolicy: 'Never',
-      command: ['sh', '-c', command],
-      workingDir: '/workspace',
-      resources: { requests: { cpu: '50m', memory }, limits: { cpu: '500m', memory } },
-      volumeMounts: [
-        { name: 'workspace', mountPath: '/workspace' },
-        { name: 'tmp', mountPath: '/tmp' },
-      ],
-    },
-  ];
-  return pod;
-}
+const box = (name: string, command: string, memory?: string) => realNodeBox(name, command, memory ? { memory } : {});
 
 (realNode.available ? describe : describe.skip)('a restricted box on the real node', () => {
   const nodeName = realNode.available ? realNode.name : '';

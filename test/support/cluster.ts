@@ -181,6 +181,94 @@ export async function realNodeAvailable(kc: k8s.KubeConfig = testKubeConfig()): 
   return { available: true, name: node.metadata!.name! };
 }
 
+/** The RuntimeClass test/cluster/real-node/up.sh creates when runsc can run on this machine. */
+export const GVISOR_RUNTIME_CLASS = 'gvisor';
+
+/**
+ * Whether the real node offers the gVisor RuntimeClass; when not, why: what up.sh recorded in
+ * .cluster/gvisor.unavailable (runsc's own error), or that the real node itself is missing.
+ */
+export async function gvisorAvailable(kc: k8s.KubeConfig = testKubeConfig()): Promise<{ available: true } | { available: false; reason: string }> {
+  const node = await realNodeAvailable(kc);
+  if (!node.available) return { available: false, reason: `the real node is not available: ${node.reason}` };
+  const exists = await kc
+    .makeApiClient(k8s.NodeV1Api)
+    .readRuntimeClass({ name: GVISOR_RUNTIME_CLASS })
+    .then(
+      () => true,
+      () => false,
+    );
+  if (exists) return { available: true };
+  const kubeconfig = process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG;
+  const file = kubeconfig ? join(dirname(kubeconfig), 'gvisor.unavailable') : undefined;
+  const recorded = file && existsSync(file) ? readFileSync(file, 'utf8').trim() : undefined;
+  return { available: false, reason: recorded ?? `no RuntimeClass ${GVISOR_RUNTIME_CLASS} (real node started before gVisor support? run test/cluster/up.sh again)` };
+}
+
+/**
+ * A box as the bridge makes it (restricted, the local box image, user 65534, /workspace and /tmp
+ * emptyDirs), pinned to the real node, running `command`.
+ */
+export function realNodeBox(
+  name: string,
+  command: string,
+  options: { memory?: string; labels?: Record<string, string>; runtimeClassName?: string } = {},
+): k8s.V1Pod {
+  const memory = options.memory ?? '64Mi';
+  const pod = restrictedPod(
+    name,
+    onRealNode({
+      containers: [],
+      restartPolicy: 'Never',
+      terminationGracePeriodSeconds: 1,
+      ...(options.runtimeClassName ? { runtimeClassName: options.runtimeClassName } : {}),
+      volumes: [
+        { name: 'workspace', emptyDir: { sizeLimit: '256Mi' } },
+        { name: 'tmp', emptyDir: { sizeLimit: '64Mi' } },
+      ],
+    }),
+  );
+  if (options.labels) pod.metadata!.labels = options.labels;
+  // restrictedPod's container, made into a box: the spread above replaced the list.
+  const base = restrictedPod(name).spec!.containers[0]!;
+  pod.spec!.containers = [
+    {
+      ...base,
+      image: 'sandbox-bridge/box:dev',
+      // Locally built and imported (test/cluster/real-node/images.sh); no registry to pull from.
+      imagePullPolicy: 'Never',
+      command: ['sh', '-c', command],
+      workingDir: '/workspace',
+      resources: { requests: { cpu: '50m', memory }, limits: { cpu: '500m', memory } },
+      volumeMounts: [
+        { name: 'workspace', mountPath: '/workspace' },
+        { name: 'tmp', mountPath: '/tmp' },
+      ],
+    },
+  ];
+  return pod;
+}
+
+/** Waits until the pod runs; fails with its status (and events) when it does not within `timeoutMs`. */
+export async function waitRunning(kc: k8s.KubeConfig, namespace: string, name: string, timeoutMs = 90_000): Promise<k8s.V1Pod> {
+  const core = kc.makeApiClient(k8s.CoreV1Api);
+  try {
+    return await waitFor(
+      `pod ${name} to be Running`,
+      async () => {
+        const p = await core.readNamespacedPod({ namespace, name });
+        return p.status?.phase === 'Running' ? p : undefined;
+      },
+      { timeoutMs, intervalMs: 250 },
+    );
+  } catch (err) {
+    const pod = await core.readNamespacedPod({ namespace, name }).catch(() => undefined);
+    const events = await core.listNamespacedEvent({ namespace, fieldSelector: `involvedObject.name=${name}` }).catch(() => undefined);
+    const said = (events?.items ?? []).map((e) => `${e.reason}: ${e.message}`).join('\n');
+    throw new Error(`${String(err)}\nstatus: ${JSON.stringify(pod?.status?.containerStatuses ?? pod?.status)}\nevents:\n${said}`);
+  }
+}
+
 /** The node selector and toleration that put a pod on the real node (and only there). */
 export function onRealNode(spec: k8s.V1PodSpec): k8s.V1PodSpec {
   return {

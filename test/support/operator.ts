@@ -9,7 +9,7 @@ import { createServer } from 'node:net';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { NODE_FLAGS } from '../../common/node-flags.js';
-import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION, type SandboxPool, type SandboxPoolSpec } from '../../common/pool.js';
+import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION, type PoolSpecInput, type SandboxPool } from '../../common/pool.js';
 import { LOCAL_BOX_IMAGE, waitFor } from './cluster.js';
 
 const ROOT = process.cwd();
@@ -50,7 +50,7 @@ export class Pools {
     this.api = kc.makeApiClient(k8s.CustomObjectsApi);
   }
 
-  async create(name: string, spec: Partial<SandboxPoolSpec> & { namespace: string }): Promise<SandboxPool> {
+  async create(name: string, spec: PoolSpecInput): Promise<SandboxPool> {
     const pool = (await this.api.createClusterCustomObject({
       group: POOL_GROUP,
       version: POOL_VERSION,

@@ -18,14 +18,17 @@ export class TcpProxy {
   constructor(
     private readonly targetHost: string,
     private readonly targetPort: number,
+    /** Where it listens: loopback, or e.g. the real node's IP so that pods can try to reach it. */
+    private readonly listenHost = '127.0.0.1',
   ) {}
 
   async start(): Promise<void> {
-    this.server = createServer((client) => {
+    // Half-open allowed both ways, as TCP does: a client that finishes sending still gets its answer.
+    this.server = createServer({ allowHalfOpen: true }, (client) => {
       this.track(client);
       if (this.mode === 'refuse') return client.destroy();
       if (this.mode === 'blackhole') return; // accept and never answer
-      const upstream = createConnection(this.targetPort, this.targetHost);
+      const upstream = createConnection({ port: this.targetPort, host: this.targetHost, allowHalfOpen: true });
       this.track(upstream);
       upstream.on('error', () => client.destroy());
       this.relay(client, upstream);
@@ -35,7 +38,7 @@ export class TcpProxy {
         upstream.pause();
       }
     });
-    await new Promise<void>((resolve) => this.server!.listen(this.port, '127.0.0.1', resolve));
+    await new Promise<void>((resolve) => this.server!.listen(this.port, this.listenHost, resolve));
     this.port = (this.server.address() as AddressInfo).port;
   }
 

@@ -116,3 +116,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "sandbox-bridge.hasMonitoring" -}}
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
 {{- end }}
+
+{{/* The namespaces SandboxPools may use, comma-separated: rbac.targetNamespace first, then
+     rbac.extraPoolNamespaces (with namespaced RBAC the operator has a Role in each and watches
+     only these). `splitList ","` turns it back into a list. */}}
+{{- define "sandbox-bridge.poolNamespaces" -}}
+{{- prepend .Values.rbac.extraPoolNamespaces .Values.rbac.targetNamespace | uniq | join "," }}
+{{- end }}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Removes the real node: stops its kubelet, containers and containerd, unmounts what they left,
-# deletes the bridge, iptables chain, cgroups and /etc/hosts line of this checkout (instance id in
-# real-node.env), the Node object (if the cluster is still up) and .cluster/real-node/.
+# deletes the bridge, pod interfaces, test hosts, iptables chains, cgroups and /etc/hosts line of
+# this checkout (instance id in real-node.env), felix's chains and ipsets when no other checkout's
+# felix runs, the Node object (if the cluster is still up) and .cluster/real-node/.
 # Leaves the image cache alone. Safe to run twice, and a no-op when there is nothing to remove.
 #
 #   test/cluster/real-node/down.sh
@@ -35,11 +36,14 @@ stop() { # NAME : TERM, then KILL after 20s, the process whose pid up.sh recorde
 }
 
 stop kubelet
+# felix goes first: with the pods gone it would only rewrite rules that are about to be removed.
+stop felix
 
 # Containers outlive containerd (their shims are separate processes), so remove them through CRI
 # first: that also releases their CNI addresses and veths.
 if [ -S "$CONTAINERD_SOCK" ] && [ -f "$d/run/containerd.pid" ] && kill -0 "$(cat "$d/run/containerd.pid")" 2>/dev/null; then
-  ctr=(ctr --address "$CONTAINERD_SOCK" -n k8s.io)
+  # Bounded: a wedged shim must not hang the teardown (what is left is killed further down).
+  ctr=(timeout 15 ctr --address "$CONTAINERD_SOCK" -n k8s.io)
   if command -v crictl >/dev/null; then
     crictl -r "unix://$CONTAINERD_SOCK" rmp -af >/dev/null 2>&1 || true
   fi
@@ -56,8 +60,9 @@ if [ -S "$CONTAINERD_SOCK" ] && [ -f "$d/run/containerd.pid" ] && kill -0 "$(cat
 fi
 stop containerd
 
-# Shims whose containerd was ours: they carry its socket address on their command line.
-for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCK" || true); do
+# Shims whose containerd was ours (runc, and gVisor's runsc): they carry its socket address on
+# their command line. gVisor's sandbox and gofer processes live in the pods' cgroups (below).
+for pid in $(pgrep -f "containerd-shim-run(c-v2|sc-v1) .*-address $CONTAINERD_SOCK" || true); do
   log "killing leftover shim $pid"
   kill -9 "$pid" 2>/dev/null || true
 done
@@ -105,11 +110,34 @@ if ip link show "$BRIDGE" >/dev/null 2>&1; then
   log "deleting bridge $BRIDGE"
   ip link delete "$BRIDGE" || true
 fi
-for chain in INPUT FORWARD; do
-  while iptables -C "$chain" -j "$CHAIN" 2>/dev/null; do iptables -D "$chain" -j "$CHAIN"; done
+# Pod interfaces of this node left without their pod, and test hosts a test did not remove.
+for link in $(ip -o link show 2>/dev/null | awk -F': ' -v p="$IFACE_PREFIX" 'index($2, p) == 1 {sub(/@.*/, "", $2); print $2}'); do
+  ip link delete "$link" 2>/dev/null || true
 done
-iptables -F "$CHAIN" 2>/dev/null || true
-iptables -X "$CHAIN" 2>/dev/null || true
+for ns in $(ip netns list 2>/dev/null | awk -v p="sbxth-$REAL_NODE_ID-" 'index($1, p) == 1 {print $1}'); do
+  ip netns delete "$ns" 2>/dev/null || true
+done
+# The harness (mangle), and the filter chain of earlier, bridged versions.
+for c in "$CHAIN" "$HOSTS_CHAIN" "$CHAIN_IN"; do remove_chain mangle "$c"; done
+remove_chain filter "$CHAIN"
+
+# felix's own chains (cali-*) and ipsets, once no felix runs on this machine (one per machine).
+lock_pid='' lock_root=''
+[ -f "$FELIX_LOCK" ] && read -r lock_pid lock_root < "$FELIX_LOCK" || true
+if [ -z "${lock_pid:-}" ] || [ "${lock_root:-}" = "$root" ] || ! kill -0 "$lock_pid" 2>/dev/null; then
+  rm -f "$FELIX_LOCK"
+  for table in raw mangle nat filter; do
+    # Felix's rules in the built-in chains jump to cali-* chains or carry a "cali:" comment.
+    iptables -t "$table" -S 2>/dev/null | awk '$1 == "-A" && $2 !~ /^cali-/ && (/ -[jg] cali-/ || /--comment "?cali:/)' | sed 's/^-A/-D/' |
+      while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done
+    chains=$(iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^cali-/ {print $2}')
+    for c in $chains; do iptables -t "$table" -F "$c" 2>/dev/null || true; done
+    for c in $chains; do iptables -t "$table" -X "$c" 2>/dev/null || true; done
+  done
+  if command -v ipset >/dev/null; then
+    for set in $(ipset list -n 2>/dev/null | grep '^cali'); do ipset destroy "$set" 2>/dev/null || true; done
+  fi
+fi
 sed -i "/$HOSTS_MARKER\$/d" /etc/hosts
 
 # The kubelet's own iptables chains (KUBE-FIREWALL guards 127.0.0.0/8; the canaries and the hint
@@ -131,5 +159,5 @@ if [ -f "$KUBECONFIG" ] && kubectl get --raw /readyz >/dev/null 2>&1; then
   kubectl delete node "$REAL_NODE_NAME" --ignore-not-found --wait=false >/dev/null 2>&1 || true
 fi
 
-rm -rf "$d"
+rm -rf "$d" "$GVISOR_UNAVAILABLE" "$NETPOL_UNAVAILABLE"
 log "real node removed"

@@ -38,7 +38,7 @@ start=$(date +%s)
 [ -d /sys/fs/cgroup/memory ] || [ -f /sys/fs/cgroup/cgroup.controllers ] || die "no cgroup filesystem at /sys/fs/cgroup"
 
 d=$REAL_NODE_DIR
-mkdir -p "$d"/{containerd/root,containerd/state,containerd/opt,runc,cni/net.d,cni/ipam,kubelet/root,kubelet/pki,pod-logs,logs,run}
+mkdir -p "$d"/{containerd/root,containerd/state,containerd/opt,runc,runsc/root,runsc/logs,cni/net.d,cni/ipam,kubelet/root,kubelet/pki,pod-logs,logs,run}
 
 # --- packages ------------------------------------------------------------------------------------
 # .ci/run installs these up front; a developer machine gets them here on first use.
@@ -53,6 +53,9 @@ command -v ip >/dev/null || missing+=(iproute2)
 command -v pgrep >/dev/null || missing+=(procps)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v jq >/dev/null || missing+=(jq)
+command -v curl >/dev/null || missing+=(curl)
+command -v ipset >/dev/null || missing+=(ipset)
+command -v conntrack >/dev/null || missing+=(conntrack)
 command -v gcc >/dev/null || missing+=(gcc)
 if [ ${#missing[@]} -gt 0 ]; then
   command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get to install them"
@@ -89,47 +92,104 @@ for pid in $(pgrep -x kwok-controller || true); do
 done
 
 # --- network -------------------------------------------------------------------------------------
-# The bridge is made here rather than by the CNI plugin so that the node IP exists before the
-# kubelet starts; the plugin reuses it. Pods get no default route (isGateway false), and the
-# $CHAIN chain stops them from opening connections to the host (the kubelet API listens
-# on the bridge address) or being forwarded anywhere else: box traffic never leaves this machine.
-# Another interface (e.g. another checkout's real node) already using the subnet would clash.
+# Pods are routed, not bridged: Calico's CNI plugin gives each pod a veth ($IFACE_PREFIX<hash>),
+# a /32 route to it and a link-local next hop (169.254.1.1) that the host answers ARP for, so
+# felix can apply each pod's NetworkPolicy on its own interface. The bridge device $BRIDGE has
+# no ports: it only holds the node IP (the kubelet refuses loopback node IPs, and dummy devices
+# are not available here). Forwarding is enabled per pod interface by the plugin, never
+# machine-wide (net.ipv4.ip_forward stays as it is).
 clash=$(ip -o -4 addr show | awk -v br="$BRIDGE" -v net="${POD_SUBNET%.*}." '$2 != br && index($4, net) == 1 {print $2}')
 [ -z "$clash" ] || die "pod subnet $POD_SUBNET is already in use on interface $clash; pick another with REAL_NODE_SUBNET=10.251.N.0/24"
 if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
   ip link add "$BRIDGE" type bridge || die "cannot create bridge $BRIDGE (ip link add type bridge failed)"
 fi
-ip addr show dev "$BRIDGE" | grep -q " $NODE_IP/" || ip addr add "$NODE_IP/${POD_SUBNET#*/}" dev "$BRIDGE"
+# (No `ip | grep -q`: grep leaving early kills ip with SIGPIPE, which pipefail reports as a failure.)
+[[ "$(ip -o -4 addr show dev "$BRIDGE")" == *" $NODE_IP/"* ]] || ip addr add "$NODE_IP/${POD_SUBNET#*/}" dev "$BRIDGE"
 ip link set "$BRIDGE" up
-iptables -N "$CHAIN" 2>/dev/null || true
-iptables -F "$CHAIN"
-iptables -A "$CHAIN" -i "$BRIDGE" -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
-iptables -A "$CHAIN" -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT
-iptables -A "$CHAIN" -i "$BRIDGE" -j DROP
-iptables -A "$CHAIN" -o "$BRIDGE" ! -i "$BRIDGE" -m conntrack ! --ctstate ESTABLISHED,RELATED -j DROP
-for chain in INPUT FORWARD; do
-  iptables -C "$chain" -j "$CHAIN" 2>/dev/null || iptables -I "$chain" 1 -j "$CHAIN"
-done
 
+# The harness, in the mangle table so that it runs before every filter rule (felix's included)
+# and nothing can accept a packet past it: of what pods start, only traffic to other pods
+# passes, and whatever a test registers in $HOSTS_CHAIN (its test hosts, a port on the node);
+# everything else (the host, other checkouts' pods, anything off this machine) is dropped.
+# New connections into pods from anywhere but pods and the host itself are dropped too.
+# NetworkPolicy (felix) then decides among what passes.
+remove_chain filter "$CHAIN" # the bridged harness of earlier versions
+for c in "$CHAIN" "$HOSTS_CHAIN" "$CHAIN_IN"; do iptables -t mangle -N "$c" 2>/dev/null || true; done
+iptables -t mangle -F "$CHAIN"
+iptables -t mangle -A "$CHAIN" -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN
+iptables -t mangle -A "$CHAIN" -d "$NODE_IP" -g "$HOSTS_CHAIN"
+iptables -t mangle -A "$CHAIN" -d "$POD_SUBNET" -j RETURN
+iptables -t mangle -A "$CHAIN" -g "$HOSTS_CHAIN"
+iptables -t mangle -F "$HOSTS_CHAIN"
+iptables -t mangle -A "$HOSTS_CHAIN" -j DROP # tests insert `-d <address> -j RETURN` rules above it
+iptables -t mangle -F "$CHAIN_IN"
+iptables -t mangle -A "$CHAIN_IN" ! -s "$POD_SUBNET" -m conntrack --ctstate NEW -j DROP
+# Matched by interface (every pod packet enters on its own veth), not by source address: the
+# host talks to its own node IP over loopback with that address as source.
+iptables -t mangle -C PREROUTING -i "$IFACE_PREFIX+" -j "$CHAIN" 2>/dev/null || iptables -t mangle -I PREROUTING 1 -i "$IFACE_PREFIX+" -j "$CHAIN"
+iptables -t mangle -C FORWARD -o "$IFACE_PREFIX+" -j "$CHAIN_IN" 2>/dev/null || iptables -t mangle -I FORWARD 1 -o "$IFACE_PREFIX+" -j "$CHAIN_IN"
+
+# CNI: Calico's plugin with host-local addresses; its directory holds only what this node uses.
+mkdir -p "$d/cni/bin"
+ln -sf "$CLUSTER_DIR/bin/calico" "$d/cni/bin/calico"
+for p in host-local loopback; do ln -sf "/usr/lib/cni/$p" "$d/cni/bin/$p"; done
+rm -f "$d/cni/net.d/10-sbx-real-node.conflist"
 cat > "$d/cni/net.d/10-sbx-real-node.conflist" <<EOF
 {
-  "cniVersion": "0.4.0",
+  "cniVersion": "0.3.1",
   "name": "sbx-real-node-$REAL_NODE_ID",
   "plugins": [
     {
-      "type": "bridge",
-      "bridge": "$BRIDGE",
-      "isGateway": false,
-      "ipMasq": false,
-      "hairpinMode": true,
+      "type": "calico",
+      "datastore_type": "kubernetes",
+      "nodename": "$REAL_NODE_NAME",
+      "nodename_file_optional": true,
+      "kubernetes": {"kubeconfig": "$KUBECONFIG"},
+      "policy": {"type": "k8s"},
+      "mtu": 1500,
+      "log_level": "info",
+      "log_file_path": "$d/logs/cni.log",
       "ipam": {
         "type": "host-local",
         "dataDir": "$d/cni/ipam",
-        "ranges": [[{"subnet": "$POD_SUBNET", "rangeStart": "${POD_SUBNET%.*}.10", "rangeEnd": "${POD_SUBNET%.*}.250", "gateway": "$NODE_IP"}]]
+        "ranges": [[{"subnet": "$POD_SUBNET", "rangeStart": "${POD_SUBNET%.*}.10", "rangeEnd": "${POD_SUBNET%.*}.250"}]]
       }
     }
   ]
 }
+EOF
+# What the tests need to know about this network (test/support/test-hosts.ts).
+printf '{"id": "%s", "podSubnet": "%s", "nodeIP": "%s", "hostsChain": "%s", "ifacePrefix": "%s", "octet": %d}\n' \
+  "$REAL_NODE_ID" "$POD_SUBNET" "$NODE_IP" "$HOSTS_CHAIN" "$IFACE_PREFIX" "$TEST_HOST_OCTET" > "$d/network.json"
+
+# Calico's resources, which its CNI plugin and felix read: the CRDs (copied by build.sh from the
+# Calico module), ClusterInformation (the plugin refuses to work until datastoreReady) and the
+# tiers Kubernetes NetworkPolicies are placed in, as calico-node would create them.
+calico_crds="$SANDBOX_CACHE/calico-${CALICO_VERSION}/crds"
+[ -d "$calico_crds" ] || die "Calico CRDs not found at $calico_crds (run test/cluster/build.sh)"
+kubectl apply --server-side --force-conflicts -f "$calico_crds" >"$d/logs/calico-crds.log" 2>&1 ||
+  die "applying Calico's CRDs failed: $(tail -3 "$d/logs/calico-crds.log" | tr '\n' ' ')"
+kubectl wait --for condition=established --timeout=60s crd/clusterinformations.crd.projectcalico.org crd/tiers.crd.projectcalico.org >/dev/null
+kubectl apply --server-side --force-conflicts -f - >/dev/null <<EOF
+apiVersion: crd.projectcalico.org/v1
+kind: ClusterInformation
+metadata: {name: default}
+spec: {datastoreReady: true, clusterType: "k8s,kdd", calicoVersion: "v3.31.0"}
+---
+apiVersion: crd.projectcalico.org/v1
+kind: Tier
+metadata: {name: default}
+spec: {order: 1000000, defaultAction: Deny}
+---
+apiVersion: crd.projectcalico.org/v1
+kind: Tier
+metadata: {name: adminnetworkpolicy}
+spec: {order: 1000, defaultAction: Pass}
+---
+apiVersion: crd.projectcalico.org/v1
+kind: Tier
+metadata: {name: baselineadminnetworkpolicy}
+spec: {order: 10000000, defaultAction: Pass}
 EOF
 
 # --- containerd ----------------------------------------------------------------------------------
@@ -168,10 +228,29 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         BinaryName = "$(command -v runc)"
         Root = "$d/runc"
         SystemdCgroup = false
+    # gVisor (RuntimeClass gvisor): containerd finds containerd-shim-runsc-v1 on its PATH
+    # (.cluster/bin); the shim reads runsc's settings from ConfigPath.
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
+      runtime_type = "io.containerd.runsc.v1"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "$d/runsc/config.toml"
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = "$d/cni/bin"
     conf_dir = "$d/cni/net.d"
     max_conf_num = 1
+EOF
+
+# runsc's state and logs live under the node's directory; systrap (the default platform) needs
+# neither KVM nor ptrace.
+cat > "$d/runsc/config.toml" <<EOF
+binary_name = "$CLUSTER_DIR/bin/runsc"
+root = "$d/runsc/root"
+log_path = "$d/runsc/logs/%ID%/shim.log"
+log_level = "info"
+[runsc_config]
+  platform = "systrap"
+  debug-log = "$d/runsc/logs/%ID%/runsc.%COMMAND%.log"
 EOF
 
 if running "$d/run/containerd.pid"; then
@@ -180,7 +259,9 @@ else
   log "starting containerd ($(containerd --version | awk '{print $3}'))"
   rm -f "$CONTAINERD_SOCK"
   # setsid: the daemons must outlive this script and the shell that ran it.
-  setsid containerd --config "$d/containerd/config.toml" >>"$d/logs/containerd.log" 2>&1 < /dev/null &
+  # Calico's CNI plugin names pod interfaces with the prefix in FELIX_INTERFACEPREFIX, and CNI
+  # plugins inherit containerd's environment.
+  FELIX_INTERFACEPREFIX=$IFACE_PREFIX setsid containerd --config "$d/containerd/config.toml" >>"$d/logs/containerd.log" 2>&1 < /dev/null &
   echo $! > "$d/run/containerd.pid"
 fi
 for _ in $(seq 1 60); do
@@ -354,4 +435,99 @@ done
 [ "$(kubectl get node "$REAL_NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] ||
   die "node $REAL_NODE_NAME not Ready after 180s; see $d/logs/kubelet.log"
 rm -f "$REAL_NODE_UNAVAILABLE"
+
+# --- NetworkPolicy: felix ------------------------------------------------------------------------
+# Calico's felix enforces NetworkPolicy on this node's pod interfaces (policy only: no BGP, no
+# IPAM of its own, no encapsulation). Its rules come after the harness (append mode) and
+# RETURN rather than ACCEPT what policy allows, so the harness always has the last word. It
+# does not police traffic from the host to its own pods (kubelet probes, a bridge running on
+# this machine), as in any Calico cluster. It never sends usage reports.
+felix_owner() { # prints the checkout holding the machine's felix, if that felix still runs
+  local pid root
+  [ -f "$FELIX_LOCK" ] && read -r pid root < "$FELIX_LOCK" || return 0
+  kill -0 "$pid" 2>/dev/null && grep -q calico-felix "/proc/$pid/cmdline" 2>/dev/null && printf '%s\n' "$root"
+}
+owner=$(felix_owner)
+if running "$d/run/felix.pid"; then
+  log "felix already running (pid $(cat "$d/run/felix.pid"))"
+elif [ -n "$owner" ] && [ "$owner" != "$root" ]; then
+  printf 'NetworkPolicy is not enforced on this real node: the NetworkPolicy enforcer (Calico felix, one per machine: its iptables chains and ipsets have fixed names) already runs for the checkout %s; stop its cluster and run test/cluster/up.sh again\n' "$owner" > "$NETPOL_UNAVAILABLE"
+  log "WARNING: $(cat "$NETPOL_UNAVAILABLE")"
+else
+  netpol_error=""
+  if ! command -v ipset >/dev/null || ! command -v conntrack >/dev/null; then
+    netpol_error="felix needs ipset and conntrack (Debian packages ipset, conntrack)"
+  elif [ ! -x "$CLUSTER_DIR/bin/calico-felix" ]; then
+    netpol_error="calico-felix not built (run test/cluster/build.sh)"
+  else
+    log "starting felix (Calico v3.31.0, NetworkPolicy only)"
+    mkdir -p "$d/calico/status"
+    FELIX_DATASTORETYPE=kubernetes KUBECONFIG="$KUBECONFIG" FELIX_FELIXHOSTNAME="$REAL_NODE_NAME" \
+    FELIX_INTERFACEPREFIX="$IFACE_PREFIX" FELIX_USAGEREPORTINGENABLED=false FELIX_IPV6SUPPORT=false \
+    FELIX_IPFORWARDING=Disabled FELIX_CHAININSERTMODE=append \
+    FELIX_IPTABLESFILTERALLOWACTION=RETURN FELIX_IPTABLESMANGLEALLOWACTION=RETURN \
+    FELIX_DEFAULTENDPOINTTOHOSTACTION=ACCEPT FELIX_IPTABLESBACKEND=nft FELIX_XDPENABLED=false \
+    FELIX_ROUTESOURCE=WorkloadIPs FELIX_REMOVEEXTERNALROUTES=false \
+    FELIX_ENDPOINTSTATUSPATHPREFIX="$d/calico/status" FELIX_DebugSkipCTLBCleanup=true \
+    FELIX_LOGFILEPATH=none FELIX_LOGSEVERITYSYS=none FELIX_LOGSEVERITYSCREEN=INFO \
+    FELIX_HEALTHENABLED=true FELIX_HEALTHHOST=127.0.0.1 FELIX_HEALTHPORT="$FELIX_HEALTH_PORT" \
+      setsid "$CLUSTER_DIR/bin/calico-felix" >>"$d/logs/felix.log" 2>&1 < /dev/null &
+    echo $! > "$d/run/felix.pid"
+    printf '%s %s\n' "$(cat "$d/run/felix.pid")" "$root" > "$FELIX_LOCK"
+    for _ in $(seq 1 120); do
+      curl -fsS "http://127.0.0.1:$FELIX_HEALTH_PORT/readiness" >/dev/null 2>&1 && break
+      running "$d/run/felix.pid" || break
+      sleep 0.5
+    done
+    if ! curl -fsS "http://127.0.0.1:$FELIX_HEALTH_PORT/readiness" >/dev/null 2>&1; then
+      netpol_error="felix did not become ready: $(grep -v '^\s*$' "$d/logs/felix.log" | tail -3 | tr '\n' ' ')"
+      kill "$(cat "$d/run/felix.pid")" 2>/dev/null || true
+      rm -f "$d/run/felix.pid" "$FELIX_LOCK"
+    fi
+  fi
+  if [ -n "$netpol_error" ]; then
+    # The node is still useful without enforcement; the NetworkPolicy tests skip and say why.
+    printf 'NetworkPolicy is not enforced on this real node: %s\n' "$netpol_error" > "$NETPOL_UNAVAILABLE"
+    log "WARNING: $(cat "$NETPOL_UNAVAILABLE")"
+  else
+    rm -f "$NETPOL_UNAVAILABLE"
+    log "felix ready: NetworkPolicy is enforced on $REAL_NODE_NAME"
+  fi
+fi
+
+# --- gVisor RuntimeClass -------------------------------------------------------------------------
+# Created only when runsc can start a sandbox on this machine; otherwise the reason is kept in
+# $GVISOR_UNAVAILABLE (the tests print it when they skip). Pods naming it land on this node.
+if [ ! -x "$CLUSTER_DIR/bin/runsc" ] || [ ! -x "$CLUSTER_DIR/bin/containerd-shim-runsc-v1" ]; then
+  gvisor_error="runsc or containerd-shim-runsc-v1 not built (run test/cluster/build.sh)"
+elif ! gvisor_error=$("$CLUSTER_DIR/bin/runsc" --root "$d/runsc/check" --network=none --platform=systrap do /bin/true 2>&1); then
+  gvisor_error="runsc cannot run a sandbox here: $(tail -3 <<<"$gvisor_error" | tr '\n' ' ')"
+# The path pods take: containerd starting gVisor's shim, which starts runsc.
+elif ! gvisor_error=$(timeout 60 ctr --address "$CONTAINERD_SOCK" -n k8s.io run --rm --runtime io.containerd.runsc.v1 \
+    "${BOX_IMAGES%% *}" "sbx-gvisor-check-$$" /bin/true 2>&1); then
+  gvisor_error="containerd cannot start a gVisor container here: $(tail -3 <<<"$gvisor_error" | tr '\n' ' ')"
+  ctr --address "$CONTAINERD_SOCK" -n k8s.io containers delete "sbx-gvisor-check-$$" >/dev/null 2>&1 || true
+else
+  gvisor_error=""
+fi
+rm -rf "$d/runsc/check"
+if [ -z "$gvisor_error" ]; then
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata:
+  name: $GVISOR_RUNTIME_CLASS
+handler: runsc
+scheduling:
+  nodeSelector: {$REAL_NODE_KEY: "true"}
+  tolerations: [{key: $REAL_NODE_KEY, operator: Exists, effect: NoSchedule}]
+EOF
+  rm -f "$GVISOR_UNAVAILABLE"
+  log "RuntimeClass $GVISOR_RUNTIME_CLASS ready ($("$CLUSTER_DIR/bin/runsc" --version | head -1), platform systrap)"
+else
+  printf '%s\n' "$gvisor_error" > "$GVISOR_UNAVAILABLE"
+  kubectl delete runtimeclass "$GVISOR_RUNTIME_CLASS" --ignore-not-found >/dev/null 2>&1 || true
+  log "WARNING: no RuntimeClass $GVISOR_RUNTIME_CLASS: $gvisor_error"
+fi
+
 log "node $REAL_NODE_NAME Ready in $(( $(date +%s) - start ))s (logs: $d/logs/)"
