@@ -21,10 +21,10 @@ function schemaDefaults(schema: Schema, path = ''): Map<string, unknown> {
   return found;
 }
 
-/** Leaf values by dotted path (arrays are leaves). */
+/** Leaf values by dotted path (arrays and label maps are leaves). */
 function leaves(value: unknown, path = ''): Map<string, unknown> {
   const found = new Map<string, unknown>();
-  if (value && typeof value === 'object' && !Array.isArray(value)) {
+  if (value && typeof value === 'object' && !Array.isArray(value) && !path.endsWith('podLabels')) {
     for (const [name, child] of Object.entries(value)) for (const [p, v] of leaves(child, path ? `${path}.${name}` : name)) found.set(p, v);
   } else found.set(path, value);
   return found;
@@ -64,13 +64,16 @@ test("the chart's values seed the default pool with POOL_DEFAULTS", () => {
     allowedServiceAccountNames: pool.allowedServiceAccountNames,
     'egress.allowedCIDRs': pool.egress.allowedCIDRs,
     'egress.deniedCIDRs': pool.egress.deniedCIDRs,
+    'egress.dns.namespace': (pool.egress.dns as Record<string, unknown>).namespace,
+    'egress.dns.podLabels': (pool.egress.dns as Record<string, unknown>).podLabels,
+    'egress.dns.cidrs': (pool.egress.dns as Record<string, unknown>).cidrs,
   };
-  // The chart leaves these to the CRD's defaults.
-  const notSeeded = ['box.workspaceSizeLimit', 'box.tmpSizeLimit'];
+  // The chart leaves these to the CRD's defaults, or (the bridge) sets them from the release.
+  const notSeeded = ['box.workspaceSizeLimit', 'box.tmpSizeLimit', 'bridge.namespace', 'bridge.podLabels'];
   expect([...Object.keys(seeded), ...notSeeded].sort()).toEqual([...defaults.keys()].sort());
   for (const [path, value] of Object.entries(seeded)) expect({ path, value }).toEqual({ path, value: defaults.get(path) });
   const template = readFileSync(join(CHART, 'templates/sandboxpool.yaml'), 'utf8');
-  for (const field of notSeeded) expect(template).not.toContain(field.split('.')[1]);
+  for (const field of notSeeded.filter((f) => f.startsWith('box.'))) expect(template).not.toContain(field.split('.')[1]);
 });
 
 test('the default image is fully qualified and is not the locally built test image', () => {

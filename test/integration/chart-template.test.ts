@@ -310,7 +310,9 @@ describe('operator box health and webhooks', () => {
     expect(env(dep).WEBHOOKS_FILE).toBeUndefined();
     expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key', 'rel-sandbox-bridge-token']);
     expect(dep.spec.template.spec.volumes.map((v: k8s.V1Volume) => v.name)).toEqual(['tmp']);
-    expect(out.one('ClusterRole', OPERATOR).rules).toContainEqual({ apiGroups: [''], resources: ['events'], verbs: ['create'] });
+    // Box events go on the box pods, in the pool namespace: the operator's Role there allows them.
+    const role = out.all('Role').find((r) => r.metadata.name === OPERATOR && r.metadata.namespace === 'sandbox')!;
+    expect(role.rules).toContainEqual(expect.objectContaining({ resources: ['events'], verbs: expect.arrayContaining(['create']) }));
   });
 
   test('endpoints and a signing key: a Secret mounted as files, tunables as env, a rollout when they change', () => {

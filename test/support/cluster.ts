@@ -234,7 +234,7 @@ export function realNodeBox(
   pod.spec!.containers = [
     {
       ...base,
-      image: 'sandbox-bridge/box:dev',
+      image: LOCAL_BOX_IMAGE,
       // Locally built and imported (test/cluster/real-node/images.sh); no registry to pull from.
       imagePullPolicy: 'Never',
       command: ['sh', '-c', command],
