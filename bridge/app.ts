@@ -17,12 +17,14 @@ import { boxRoutes } from './routes/boxes.js';
 import { clusterRoutes } from './routes/cluster.js';
 import { execRoutes } from './routes/exec.js';
 import { fileRoutes } from './routes/files.js';
+import { snapshotRoutes } from './routes/snapshots.js';
 import type { BoxService } from './services/boxes.js';
 import type { ClusterService } from './services/cluster.js';
 import type { EnvService } from './services/env.js';
 import type { ExecService } from './services/exec.js';
 import type { FileService } from './services/files.js';
 import type { ProcessService } from './services/processes.js';
+import type { SnapshotService } from './services/snapshots.js';
 
 export interface AppDeps {
   log: Logger;
@@ -35,6 +37,7 @@ export interface AppDeps {
   exec: ExecService;
   processes: ProcessService;
   files: FileService;
+  snapshots: SnapshotService;
   cluster: ClusterService;
   version: string;
   trustProxy: boolean | number | string;
@@ -98,6 +101,7 @@ export function createApp(deps: AppDeps): Express {
     res.json(document);
   });
   api.use('/boxes', boxRoutes(deps), execRoutes(deps), fileRoutes(deps));
+  api.use(snapshotRoutes(deps));
   api.use(clusterRoutes(deps.cluster));
   api.use(notFoundRoute);
 

@@ -4,6 +4,7 @@ import { ConfigError, configProblems } from '../common/config.js';
 import { readFileSync } from 'node:fs';
 import { z } from 'zod';
 import { LOG_LEVELS } from '../common/logger.js';
+import { ObjectStoreConfigSchema, objectStoreProblems } from '../common/object-store.js';
 
 const int = (def: number, min = 0) => z.coerce.number().int().min(min).default(def);
 const MiB = 1024 * 1024;
@@ -70,7 +71,16 @@ export const ConfigSchema = z
     STARTUP_TIMEOUT_MS: int(60_000, 100),
     /** On SIGTERM, in-flight requests (execs) get this long to finish. */
     SHUTDOWN_GRACE_MS: int(30_000),
-  });
+    /**
+     * Key(s) sealing a snapshot's env (AES-256-GCM), one per line, at least 32 characters each:
+     * the first seals, all open (rotation). Needed when the object store is configured.
+     */
+    SNAPSHOT_ENCRYPTION_KEY: z.string().optional(),
+    SNAPSHOT_ENCRYPTION_KEY_FILE: z.string().optional(),
+    /** Most entries (files, dirs, links) a snapshot may restore into a box. */
+    SNAPSHOT_MAX_ENTRIES: int(1_000_000, 1),
+  })
+  .extend(ObjectStoreConfigSchema.shape);
 
 export type Config = z.infer<typeof ConfigSchema>;
 
@@ -84,10 +94,33 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     problems.push('BRIDGE_TOKEN: set BRIDGE_TOKEN, BRIDGE_TOKEN_FILE or BRIDGE_TOKENS_FILE');
   }
   if (!env.BOXD_KEY && !env.BOXD_KEY_FILE) problems.push('BOXD_KEY: set BOXD_KEY or BOXD_KEY_FILE');
+  if (parsed.success) problems.push(...objectStoreProblems(parsed.data));
+  if (parsed.success && parsed.data.OBJECT_STORE_BUCKET && !env.SNAPSHOT_ENCRYPTION_KEY && !env.SNAPSHOT_ENCRYPTION_KEY_FILE) {
+    problems.push('SNAPSHOT_ENCRYPTION_KEY: with an object store (OBJECT_STORE_BUCKET), set SNAPSHOT_ENCRYPTION_KEY or SNAPSHOT_ENCRYPTION_KEY_FILE');
+  }
   if (!parsed.success || problems.length > 0) throw new ConfigError('bridge', problems);
   // The token files themselves are read (and a start-up without any token refused) by createTokenSource.
   boxdKey(parsed.data);
+  snapshotKeys(parsed.data);
   return parsed.data;
+}
+
+/**
+ * The keys sealing snapshot envs, from SNAPSHOT_ENCRYPTION_KEY or its file (one per line, the
+ * first seals); empty when neither is set.
+ */
+export function snapshotKeys(config: Pick<Config, 'SNAPSHOT_ENCRYPTION_KEY' | 'SNAPSHOT_ENCRYPTION_KEY_FILE'>): string[] {
+  let text = config.SNAPSHOT_ENCRYPTION_KEY;
+  if (text === undefined && config.SNAPSHOT_ENCRYPTION_KEY_FILE) {
+    try {
+      text = readFileSync(config.SNAPSHOT_ENCRYPTION_KEY_FILE, 'utf8');
+    } catch (err) {
+      throw new ConfigError('bridge', [`SNAPSHOT_ENCRYPTION_KEY_FILE: cannot read ${config.SNAPSHOT_ENCRYPTION_KEY_FILE} (${(err as Error).message})`]);
+    }
+  }
+  const keys = (text ?? '').split('\n').map((k) => k.trim()).filter(Boolean);
+  if (keys.some((k) => k.length < 32)) throw new ConfigError('bridge', ['SNAPSHOT_ENCRYPTION_KEY: every key must be at least 32 characters']);
+  return keys;
 }
 
 /** The boxd key as bytes, from BOXD_KEY or BOXD_KEY_FILE (read once: rotating it strands running boxes). */

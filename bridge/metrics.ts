@@ -15,6 +15,8 @@ export interface BridgeMetrics {
   tokens: Gauge<'token'>;
   kubeDuration: Histogram<'operation'>;
   kubeErrors: Counter<'operation' | 'code'>;
+  snapshotDuration: Histogram<'operation' | 'outcome'>;
+  snapshotBytes: Counter<'operation'>;
 }
 
 /** Live state read at scrape time (the chart's PrometheusRule alerts on these). */
@@ -115,6 +117,19 @@ export function createMetrics(activeBoxes: () => number = () => 0, state: Metric
       name: 'sandbox_bridge_kube_api_errors_total',
       help: 'Failed Kubernetes API calls by operation and HTTP status (0: unreachable)',
       labelNames: ['operation', 'code'],
+      registers: [registry],
+    }),
+    snapshotDuration: new Histogram({
+      name: 'sandbox_bridge_snapshot_duration_seconds',
+      help: 'Snapshots taken (operation=create) and restored into boxes (operation=restore), by outcome (ok, error)',
+      labelNames: ['operation', 'outcome'],
+      buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600],
+      registers: [registry],
+    }),
+    snapshotBytes: new Counter({
+      name: 'sandbox_bridge_snapshot_bytes_total',
+      help: 'Compressed workspace bytes moved to (create) and from (restore) the object store',
+      labelNames: ['operation'],
       registers: [registry],
     }),
   };

@@ -27,9 +27,38 @@ export const CreateBoxRequest = z
     env: EnvVars.optional(),
     runtimeClassName: z.string().min(1).max(253).optional().describe('Must be allowlisted by the pool'),
     serviceAccountName: z.string().min(1).max(253).optional().describe('Must be allowlisted by the pool'),
+    snapshot_id: z
+      .string()
+      .min(1)
+      .max(128)
+      .optional()
+      .describe("Restore (fork) this snapshot into the new box: its workspace and env; image, cpu and memory default to the snapshot's"),
   })
   .strict();
 export type CreateBoxRequest = z.infer<typeof CreateBoxRequest>;
+
+export const CreateSnapshotRequest = z
+  .object({
+    ttlSeconds: z.number().int().min(60).max(31_536_000).optional().describe("Keep it this long (default and maximum: the pool's snapshots.retentionSeconds)"),
+    name: z.string().min(1).max(128).optional().describe('A label of the caller\'s choosing, returned with the snapshot'),
+  })
+  .strict();
+
+export const SnapshotsQuery = z
+  .object({
+    session_id: z.string({ error: 'session_id is required' }).min(1).max(1024).describe('The session whose snapshots to list'),
+    limit: z.coerce.number().int().min(1).max(100).default(100).describe('At most this many, newest first (1-100)'),
+  })
+  .strict();
+
+export const DeleteBoxQuery = z
+  .object({
+    snapshot: z
+      .enum(['true', 'false', '1', '0'])
+      .optional()
+      .transform((v) => (v === undefined ? undefined : v === 'true' || v === '1'))
+      .describe("Take a final snapshot first and delete only once it is stored (default: the pool's snapshots.onDelete)"),
+  });
 
 export const ExecRequest = z
   .object({
@@ -124,6 +153,7 @@ export const BoxCreated = z.object({
   cpu: z.string().describe('Kubernetes quantity: whole cores as "1", fractions in millicores as "500m"'),
   memory: z.string().describe('With unit, e.g. "512Mi"'),
   created_at: z.string(),
+  snapshot_id: z.string().optional().describe('The snapshot restored into the box, when it was forked from one'),
 });
 
 export const BoxStatus = z.object({
@@ -146,7 +176,29 @@ export const BoxStatus = z.object({
   conditions: z.array(Condition),
 });
 
-export const BoxDeleted = z.object({ box_id: z.string(), status: z.literal('Terminated'), deleted_at: z.string() });
+export const Snapshot = z.object({
+  snapshot_id: z.string(),
+  box_id: z.string().describe('The box it was taken from'),
+  session_id: z.string(),
+  size: z.number().int().describe('Bytes of the compressed workspace archive'),
+  created_at: z.string(),
+  expires_at: z.string().describe('When the operator deletes it'),
+  name: z.string().optional(),
+  image: z.string(),
+  cpu: z.string(),
+  memory: z.string(),
+});
+
+export const SnapshotList = z.object({ snapshots: z.array(Snapshot).describe('Newest first') });
+
+export const SnapshotDeleted = z.object({ snapshot_id: z.string(), deleted: z.literal(true) });
+
+export const BoxDeleted = z.object({
+  box_id: z.string(),
+  status: z.literal('Terminated'),
+  deleted_at: z.string(),
+  snapshot: Snapshot.optional().describe('The final snapshot, when one was taken'),
+});
 
 export const ExecResult = z.object({
   exit_code: z.number().int(),

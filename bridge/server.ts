@@ -12,7 +12,7 @@ import { DEFAULT_BOX_IMAGE, withDefaults } from '../common/pool.js';
 import { createProbeServer, listen } from '../common/probe-server.js';
 import { createApp } from './app.js';
 import { BoxdClient } from './boxd/client.js';
-import { boxdKey, trustProxySetting, type Config } from './config.js';
+import { boxdKey, snapshotKeys, trustProxySetting, type Config } from './config.js';
 import { KeyedLimiter } from '../common/rate-limit.js';
 import { admitUpgrade } from './http/auth.js';
 import { terminalUpgrades } from './http/terminals.js';
@@ -33,6 +33,9 @@ import { EnvService } from './services/env.js';
 import { ExecService } from './services/exec.js';
 import { FileService } from './services/files.js';
 import { ProcessService } from './services/processes.js';
+import { EnvSealer } from './services/env-seal.js';
+import { SnapshotService } from './services/snapshots.js';
+import { objectStoreFrom } from '../common/object-store.js';
 import { TerminalService } from './services/terminal.js';
 
 /** The package version: package.json is one level up from bridge/, two from dist/bridge/. */
@@ -140,6 +143,24 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   });
   const processes = new ProcessService({ connector, boxd, maxProcessesPerBox: config.MAX_PROCESSES_PER_BOX });
   const env = new EnvService({ connector, boxd, secrets });
+  const store = objectStoreFrom(config);
+  const sealKeys = snapshotKeys(config);
+  const snapshots = new SnapshotService({
+    connector,
+    boxd,
+    boxes,
+    env,
+    secrets,
+    policy,
+    store,
+    sealer: sealKeys.length ? new EnvSealer(sealKeys) : undefined,
+    maxEntries: config.SNAPSHOT_MAX_ENTRIES,
+    onDone: (operation, outcome, seconds, bytes) => {
+      metrics.snapshotDuration.observe({ operation, outcome }, seconds);
+      metrics.snapshotBytes.inc({ operation }, bytes);
+    },
+  });
+  if (!store) log.info('no object store configured (OBJECT_STORE_BUCKET): snapshot routes answer 501');
   const cluster = new ClusterService({
     core,
     version: makeApiClient(kc, k8s.VersionApi, config.KUBE_TIMEOUT_MS, { health }),
@@ -169,6 +190,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     exec,
     processes,
     files,
+    snapshots,
     cluster,
     version: BRIDGE_VERSION,
     trustProxy: trustProxySetting(config.TRUST_PROXY),
@@ -228,6 +250,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       apiServer.closeAllConnections();
       terminals.close();
       boxd.close();
+      store?.close();
       tokens.close();
       health.stop();
       cache.stop();

@@ -59,6 +59,14 @@ export interface BridgePeers {
   podLabels: Record<string, string>;
 }
 
+/** Snapshots of boxes in the object store (docs/snapshots.md). */
+export interface SnapshotPolicy {
+  /** How long a snapshot is kept; the operator deletes it then. A request may ask for less, never more. */
+  retentionSeconds: number;
+  /** Take a final snapshot before every box delete (a request overrides with ?snapshot=true|false). */
+  onDelete: boolean;
+}
+
 export interface SandboxPoolSpec {
   /** The sandbox namespace the pool's boxes live in. */
   namespace: string;
@@ -77,6 +85,7 @@ export interface SandboxPoolSpec {
   allowedServiceAccountNames: string[];
   egress: EgressPolicy;
   bridge: BridgePeers;
+  snapshots: SnapshotPolicy;
 }
 
 export interface SandboxPoolStatus {
@@ -150,13 +159,16 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
     namespace: 'sandbox-bridge',
     podLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'bridge' },
   },
+  // The agent platform's default backup retention (7 days).
+  snapshots: { retentionSeconds: 7 * 24 * 3600, onDelete: false },
 };
 
 /** A spec with every field the CRD defaults filled in. */
-export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge'>> & {
+export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge' | 'snapshots'>> & {
   namespace: string;
   egress?: Partial<Omit<EgressPolicy, 'dns'>> & { dns?: Partial<DnsPeers> };
   bridge?: Partial<BridgePeers>;
+  snapshots?: Partial<SnapshotPolicy>;
 };
 
 export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
@@ -166,5 +178,6 @@ export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
     box: { ...POOL_DEFAULTS.box, ...spec.box },
     egress: { ...POOL_DEFAULTS.egress, ...spec.egress, dns: { ...POOL_DEFAULTS.egress.dns, ...spec.egress?.dns } },
     bridge: { ...POOL_DEFAULTS.bridge, ...spec.bridge },
+    snapshots: { ...POOL_DEFAULTS.snapshots, ...spec.snapshots },
   };
 }

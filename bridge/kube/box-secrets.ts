@@ -69,6 +69,15 @@ export class BoxSecrets {
     });
   }
 
+  /** The box's durable env (for a snapshot); never logged or returned by the API. */
+  async readEnv(pod: k8s.V1Pod): Promise<Record<string, string>> {
+    const existing = await this.read(boxSecretName(pod.metadata!.name!));
+    if (!existing || ownerUid(existing) !== pod.metadata!.uid) {
+      throw new BridgeError('conflict', `box ${pod.metadata!.name} has no Secret of its own (it is being replaced or deleted); create a new box`);
+    }
+    return envOf(existing);
+  }
+
   private async read(name: string): Promise<k8s.V1Secret | undefined> {
     try {
       return await this.call('read box secret', () => this.core.readNamespacedSecret({ name, namespace: this.namespace }));

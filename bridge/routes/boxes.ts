@@ -2,20 +2,24 @@
 // the services.
 import express, { Router, type Request } from 'express';
 import { BridgeError } from '../../common/errors.js';
-import { CreateBoxRequest, SetEnvRequest } from '../schemas.js';
+import { CreateBoxRequest, DeleteBoxQuery, SetEnvRequest } from '../schemas.js';
 import type { BoxService } from '../services/boxes.js';
 import type { EnvService } from '../services/env.js';
+import type { SnapshotService } from '../services/snapshots.js';
 import { boxIdOf, parse } from '../http/parse.js';
 
 const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
 
-export function boxRoutes(deps: { boxes: BoxService; env: EnvService }): Router {
-  const { boxes, env } = deps;
+export function boxRoutes(deps: { boxes: BoxService; env: EnvService; snapshots: SnapshotService }): Router {
+  const { boxes, env, snapshots } = deps;
   const router = Router();
   const json = express.json({ limit: '1mb', strict: true });
 
   router.post('/', json, async (req, res) => {
-    res.status(201).json(await boxes.create(parse(CreateBoxRequest, req.body ?? {}), idempotencyKey(req)));
+    const body = parse(CreateBoxRequest, req.body ?? {});
+    const { snapshot_id: snapshotId } = body;
+    // With a snapshot_id the new box is a fork of that snapshot (SnapshotService.fork).
+    res.status(201).json(snapshotId ? await snapshots.fork({ ...body, snapshot_id: snapshotId }, idempotencyKey(req)) : await boxes.create(body, idempotencyKey(req)));
   });
 
   router.get('/:id/status', async (req, res) => {
@@ -23,7 +27,8 @@ export function boxRoutes(deps: { boxes: BoxService; env: EnvService }): Router 
   });
 
   router.delete('/:id', async (req, res) => {
-    res.json(await boxes.delete(boxIdOf(req)));
+    const { snapshot } = parse(DeleteBoxQuery, req.query);
+    res.json((snapshot ?? snapshots.snapshotOnDelete()) ? await snapshots.deleteWithSnapshot(boxIdOf(req)) : await boxes.delete(boxIdOf(req)));
   });
 
   router.post('/:id/env', json, async (req, res) => {

@@ -123,4 +123,7 @@ if [ ! -d "$calico_dir/crds" ]; then
   cp -r "$src/libcalico-go/config/crd" "$calico_dir/crds.tmp" && chmod -R u+w "$calico_dir/crds.tmp" && mv "$calico_dir/crds.tmp" "$calico_dir/crds"
 fi
 
+# versitygw: the S3-compatible object store (posix backend) that holds snapshots (object-store/up.sh).
+LDFLAGS='' REPLACES='' gobuild versitygw "$VERSITYGW_VERSION" github.com/versity/versitygw github.com/versity/versitygw/cmd/versitygw
+
 log "binaries ready in $bin: $(ls "$bin" | tr '\n' ' ')"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts the local test cluster on loopback: etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, metrics-server and the kwok controller with N simulated nodes, then one real
-# node (kubelet + containerd + runc, real-node/up.sh) where the machine allows it.
+# kube-scheduler, metrics-server and the kwok controller with N simulated nodes, the S3-compatible
+# object store (versitygw, object-store/up.sh), then one real node (kubelet + containerd + runc,
+# real-node/up.sh) where the machine allows it.
 # Idempotent: a cluster that is already up is checked, repaired if a component died, and reused
 # (scaled to N nodes); so is the real node.
 #
@@ -182,6 +183,14 @@ for attempt in 1 2 3; do
   log "deleting the cluster and creating it again"
   kwokctl delete cluster --name "$CLUSTER_NAME" >/dev/null 2>&1 || true
 done
+
+# The object store for snapshots (object-store/up.sh): independent of the control plane, needed
+# by the snapshot tests and `npm run dev`. A store that cannot start fails the whole start-up.
+if ! bash "$here/object-store/up.sh"; then
+  $created && { bash "$here/down.sh" >/dev/null 2>&1 || true; }
+  log "FAILED: the object store did not start (test/cluster/object-store/up.sh, log in .cluster/object-store/)"
+  exit 1
+fi
 
 # The real node needs the control plane; a failure leaves the cluster usable without it.
 unavailable=$CLUSTER_DIR/real-node.unavailable

@@ -1,0 +1,31 @@
+// Snapshots: take one of a box, list a session's, read and delete one. Thin handlers; the
+// work is the snapshot service's (bridge/services/snapshots.ts).
+import express, { Router } from 'express';
+import { CreateSnapshotRequest, SnapshotsQuery } from '../schemas.js';
+import type { SnapshotService } from '../services/snapshots.js';
+import { boxIdOf, parse } from '../http/parse.js';
+
+export function snapshotRoutes(deps: { snapshots: SnapshotService }): Router {
+  const { snapshots } = deps;
+  const router = Router();
+  const json = express.json({ limit: '1mb', strict: true });
+
+  router.post('/boxes/:id/snapshots', json, async (req, res) => {
+    res.status(201).json(await snapshots.create(boxIdOf(req), parse(CreateSnapshotRequest, req.body ?? {})));
+  });
+
+  router.get('/snapshots', async (req, res) => {
+    const q = parse(SnapshotsQuery, req.query);
+    res.json(await snapshots.list(q.session_id, q.limit));
+  });
+
+  router.get('/snapshots/:id', async (req, res) => {
+    res.json(await snapshots.get(String(req.params.id)));
+  });
+
+  router.delete('/snapshots/:id', async (req, res) => {
+    res.json(await snapshots.delete(String(req.params.id)));
+  });
+
+  return router;
+}

@@ -1,0 +1,293 @@
+// The S3-compatible object store that holds snapshots, for bridge and operator alike: its
+// settings (environment variables, validated with zod by each program's config) and a small
+// client over @aws-sdk/client-s3 (+ lib-storage for streamed multipart uploads). Every call is
+// bounded in time (connect timeout, socket idle timeout, a deadline for small requests), and a
+// store that cannot be reached becomes a 503 cluster_unavailable with Retry-After, never a hang.
+import { readFileSync } from 'node:fs';
+import type { Readable } from 'node:stream';
+import {
+  AbortMultipartUploadCommand,
+  DeleteObjectsCommand,
+  GetObjectCommand,
+  HeadBucketCommand,
+  ListMultipartUploadsCommand,
+  ListObjectsV2Command,
+  PutObjectCommand,
+  S3Client,
+  S3ServiceException,
+} from '@aws-sdk/client-s3';
+import { Upload } from '@aws-sdk/lib-storage';
+import { z } from 'zod';
+import { BridgeError } from './errors.js';
+
+const int = (def: number, min = 0) => z.coerce.number().int().min(min).default(def);
+
+/** The store's environment variables; both programs merge them into their config schema. */
+export const ObjectStoreConfigSchema = z.object({
+  /** The bucket; without it there is no store (snapshot routes answer 501, retention is off). */
+  OBJECT_STORE_BUCKET: z.string().default(''),
+  /** http(s) URL of an S3-compatible endpoint; empty: AWS S3 in OBJECT_STORE_REGION. */
+  OBJECT_STORE_ENDPOINT: z.union([z.literal(''), z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' })]).default(''),
+  OBJECT_STORE_REGION: z.string().min(1).default('us-east-1'),
+  /** Every key starts with this (no leading or trailing slash). */
+  OBJECT_STORE_PREFIX: z
+    .string()
+    .regex(/^([A-Za-z0-9._-]+(\/[A-Za-z0-9._-]+)*)?$/, 'must be path segments of letters, digits, . _ - separated by /')
+    .default('sandbox-bridge'),
+  /** Path-style URLs (endpoint/bucket/key), which most S3-compatible servers need. */
+  OBJECT_STORE_FORCE_PATH_STYLE: z.enum(['true', 'false']).default('false').transform((v) => v === 'true'),
+  /** Static credentials (from a Secret); unset: the SDK's default chain (IRSA, Pod Identity, instance profile). */
+  OBJECT_STORE_ACCESS_KEY_ID: z.string().optional(),
+  OBJECT_STORE_SECRET_ACCESS_KEY: z.string().optional(),
+  /** A PEM CA bundle to trust for an https endpoint with a private CA. */
+  OBJECT_STORE_CA_FILE: z.string().optional(),
+  /** A connection not established in this time counts as the store being down. */
+  OBJECT_STORE_CONNECT_TIMEOUT_MS: int(2000, 100),
+  /** Deadline of a small request (metadata, listing, delete). */
+  OBJECT_STORE_TIMEOUT_MS: int(10_000, 100),
+  /** A streaming transfer with no byte moving for this long is abandoned. */
+  OBJECT_STORE_IDLE_TIMEOUT_MS: int(30_000, 1000),
+});
+export type ObjectStoreConfig = z.infer<typeof ObjectStoreConfigSchema>;
+
+/** Problems with a parsed store config that one field alone cannot show. */
+export function objectStoreProblems(c: ObjectStoreConfig): string[] {
+  const problems: string[] = [];
+  if (Boolean(c.OBJECT_STORE_ACCESS_KEY_ID) !== Boolean(c.OBJECT_STORE_SECRET_ACCESS_KEY)) {
+    problems.push('OBJECT_STORE_ACCESS_KEY_ID: set both OBJECT_STORE_ACCESS_KEY_ID and OBJECT_STORE_SECRET_ACCESS_KEY, or neither');
+  }
+  if (c.OBJECT_STORE_CA_FILE) {
+    try {
+      readFileSync(c.OBJECT_STORE_CA_FILE);
+    } catch (err) {
+      problems.push(`OBJECT_STORE_CA_FILE: cannot read ${c.OBJECT_STORE_CA_FILE} (${(err as Error).message})`);
+    }
+  }
+  return problems;
+}
+
+export interface StoredObject {
+  key: string;
+  size: number;
+  lastModified: Date;
+}
+
+/** Upload part size: lib-storage holds at most queueSize parts of it per upload in memory. */
+const PART_SIZE = 8 * 1024 * 1024;
+const UPLOAD_QUEUE = 2;
+
+/** The store, or undefined when OBJECT_STORE_BUCKET is unset. */
+export function objectStoreFrom(config: ObjectStoreConfig): ObjectStore | undefined {
+  return config.OBJECT_STORE_BUCKET ? new ObjectStore(config) : undefined;
+}
+
+export class ObjectStore {
+  readonly bucket: string;
+  readonly prefix: string;
+  private readonly s3: S3Client;
+  private readonly timeoutMs: number;
+
+  constructor(config: ObjectStoreConfig) {
+    this.bucket = config.OBJECT_STORE_BUCKET;
+    this.prefix = config.OBJECT_STORE_PREFIX;
+    this.timeoutMs = config.OBJECT_STORE_TIMEOUT_MS;
+    const ca = config.OBJECT_STORE_CA_FILE ? readFileSync(config.OBJECT_STORE_CA_FILE) : undefined;
+    this.s3 = new S3Client({
+      region: config.OBJECT_STORE_REGION,
+      ...(config.OBJECT_STORE_ENDPOINT ? { endpoint: config.OBJECT_STORE_ENDPOINT } : {}),
+      forcePathStyle: config.OBJECT_STORE_FORCE_PATH_STYLE,
+      ...(config.OBJECT_STORE_ACCESS_KEY_ID && config.OBJECT_STORE_SECRET_ACCESS_KEY
+        ? { credentials: { accessKeyId: config.OBJECT_STORE_ACCESS_KEY_ID, secretAccessKey: config.OBJECT_STORE_SECRET_ACCESS_KEY } }
+        : {}),
+      // One retry: a store that is down should be reported quickly, not after a backoff series.
+      maxAttempts: 2,
+      // Checksums only where the S3 API requires them: many S3-compatible servers do not take
+      // the aws-chunked trailing checksums the SDK would otherwise send.
+      requestChecksumCalculation: 'WHEN_REQUIRED',
+      responseChecksumValidation: 'WHEN_REQUIRED',
+      requestHandler: {
+        connectionTimeout: config.OBJECT_STORE_CONNECT_TIMEOUT_MS,
+        socketTimeout: config.OBJECT_STORE_IDLE_TIMEOUT_MS,
+        httpAgent: { keepAlive: true, maxSockets: 64 },
+        httpsAgent: { keepAlive: true, maxSockets: 64, ...(ca ? { ca } : {}) },
+      },
+    });
+  }
+
+  /** A key under the configured prefix. */
+  key(...parts: string[]): string {
+    return [this.prefix, ...parts].filter(Boolean).join('/');
+  }
+
+  close(): void {
+    this.s3.destroy();
+  }
+
+  /** Whether the bucket answers (a readiness check for tools; routes do not call it). */
+  async check(): Promise<void> {
+    await this.run('check the bucket', (abortSignal) => this.s3.send(new HeadBucketCommand({ Bucket: this.bucket }), { abortSignal }));
+  }
+
+  /**
+   * Streams body into key with a multipart upload: parts of 8 MiB, at most two in flight, so
+   * memory per upload is bounded and the body is read only as fast as the store takes it. A
+   * failure aborts the upload (no parts left behind) and rejects.
+   */
+  async upload(key: string, body: Readable, opts: { contentType: string; signal?: AbortSignal }): Promise<void> {
+    const upload = new Upload({
+      client: this.s3,
+      params: { Bucket: this.bucket, Key: key, Body: body, ContentType: opts.contentType },
+      partSize: PART_SIZE,
+      queueSize: UPLOAD_QUEUE,
+      leavePartsOnError: false,
+    });
+    const abort = () => void upload.abort().catch(() => undefined);
+    opts.signal?.addEventListener('abort', abort, { once: true });
+    try {
+      await upload.done();
+    } catch (err) {
+      if (opts.signal?.aborted) throw opts.signal.reason;
+      throw storeError('upload', err);
+    } finally {
+      opts.signal?.removeEventListener('abort', abort);
+    }
+  }
+
+  async putJson(key: string, value: unknown): Promise<void> {
+    const body = JSON.stringify(value);
+    await this.run('write', (abortSignal) =>
+      this.s3.send(new PutObjectCommand({ Bucket: this.bucket, Key: key, Body: body, ContentType: 'application/json' }), { abortSignal }),
+    );
+  }
+
+  /** The parsed JSON at key, or undefined when there is no such object. */
+  async getJson<T>(key: string): Promise<T | undefined> {
+    return this.run('read', async (abortSignal) => {
+      try {
+        const res = await this.s3.send(new GetObjectCommand({ Bucket: this.bucket, Key: key }), { abortSignal });
+        return JSON.parse(await res.Body!.transformToString('utf8')) as T;
+      } catch (err) {
+        if (isNoSuchKey(err)) return undefined;
+        throw err;
+      }
+    });
+  }
+
+  /** The object's bytes as a stream (undefined when missing); the caller must consume or destroy it. */
+  async getStream(key: string, signal?: AbortSignal): Promise<{ body: Readable; size: number } | undefined> {
+    try {
+      // No overall deadline: the body may legitimately take minutes; the socket idle timeout bounds a stall.
+      const res = await this.s3.send(new GetObjectCommand({ Bucket: this.bucket, Key: key }), signal ? { abortSignal: signal } : {});
+      return { body: res.Body as Readable, size: Number(res.ContentLength ?? 0) };
+    } catch (err) {
+      if (isNoSuchKey(err)) return undefined;
+      if (signal?.aborted) throw signal.reason;
+      throw storeError('read', err);
+    }
+  }
+
+  /** Every object under prefix (a key prefix, e.g. "a/b/"), page by page. */
+  async *list(prefix: string): AsyncGenerator<StoredObject> {
+    let token: string | undefined;
+    do {
+      const page = await this.run('list', (abortSignal) =>
+        this.s3.send(new ListObjectsV2Command({ Bucket: this.bucket, Prefix: prefix, ...(token ? { ContinuationToken: token } : {}) }), { abortSignal }),
+      );
+      for (const o of page.Contents ?? []) {
+        if (o.Key) yield { key: o.Key, size: Number(o.Size ?? 0), lastModified: o.LastModified ?? new Date(0) };
+      }
+      token = page.IsTruncated ? page.NextContinuationToken : undefined;
+    } while (token);
+  }
+
+  /** Deletes keys (absent ones count as deleted), 1000 per request. */
+  async delete(keys: readonly string[]): Promise<void> {
+    for (let i = 0; i < keys.length; i += 1000) {
+      const batch = keys.slice(i, i + 1000);
+      const res = await this.run('delete', (abortSignal) =>
+        this.s3.send(
+          new DeleteObjectsCommand({ Bucket: this.bucket, Delete: { Objects: batch.map((Key) => ({ Key })), Quiet: true } }),
+          { abortSignal },
+        ),
+      );
+      const failed = (res.Errors ?? []).filter((e) => e.Code !== 'NoSuchKey');
+      if (failed.length) {
+        throw new BridgeError('cluster_unavailable', `object store refused to delete ${failed.length} object(s) (${failed[0]?.Code}: ${failed[0]?.Message})`, {
+          headers: { 'Retry-After': '5' },
+        });
+      }
+    }
+  }
+
+  /** Multipart uploads under prefix that were started and never completed or aborted. */
+  async *listUploads(prefix: string): AsyncGenerator<{ key: string; uploadId: string; initiated: Date }> {
+    let keyMarker: string | undefined;
+    let idMarker: string | undefined;
+    do {
+      const page = await this.run('list uploads', (abortSignal) =>
+        this.s3.send(
+          new ListMultipartUploadsCommand({
+            Bucket: this.bucket,
+            Prefix: prefix,
+            ...(keyMarker ? { KeyMarker: keyMarker } : {}),
+            ...(idMarker ? { UploadIdMarker: idMarker } : {}),
+          }),
+          { abortSignal },
+        ),
+      );
+      for (const u of page.Uploads ?? []) {
+        if (u.Key && u.UploadId) yield { key: u.Key, uploadId: u.UploadId, initiated: u.Initiated ?? new Date(0) };
+      }
+      keyMarker = page.IsTruncated ? page.NextKeyMarker : undefined;
+      idMarker = page.IsTruncated ? page.NextUploadIdMarker : undefined;
+    } while (keyMarker);
+  }
+
+  async abortUpload(key: string, uploadId: string): Promise<void> {
+    await this.run('abort upload', (abortSignal) =>
+      this.s3.send(new AbortMultipartUploadCommand({ Bucket: this.bucket, Key: key, UploadId: uploadId }), { abortSignal }),
+    ).catch((err: unknown) => {
+      if (!(err instanceof BridgeError && err.type === 'not_found')) throw err;
+    });
+  }
+
+  /** Runs a small request under the store's deadline, mapping failures to API errors. */
+  private async run<T>(what: string, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
+    try {
+      return await fn(AbortSignal.timeout(this.timeoutMs));
+    } catch (err) {
+      throw storeError(what, err);
+    }
+  }
+}
+
+function isNoSuchKey(err: unknown): boolean {
+  return err instanceof S3ServiceException && (err.name === 'NoSuchKey' || err.name === 'NotFound' || err.$metadata?.httpStatusCode === 404);
+}
+
+/**
+ * A store failure as the API reports it: unreachable, timed out or overloaded is a 503 the
+ * caller may retry; a store that refuses our credentials or lacks the bucket is a 500 naming the
+ * setting to fix (retrying will not help). Never includes credentials.
+ */
+export function storeError(what: string, err: unknown): BridgeError {
+  if (err instanceof BridgeError) return err;
+  const e = err as { name?: string; code?: string; message?: string; $metadata?: { httpStatusCode?: number } };
+  const status = e?.$metadata?.httpStatusCode;
+  const name = e?.name ?? e?.code ?? 'Error';
+  if (err instanceof S3ServiceException && status !== undefined && status < 500) {
+    if (name === 'NoSuchBucket') {
+      return new BridgeError('internal_error', `object store: the bucket does not exist (check OBJECT_STORE_BUCKET) during ${what}`, { cause: err });
+    }
+    if (status === 403 || name === 'InvalidAccessKeyId' || name === 'SignatureDoesNotMatch' || name === 'AccessDenied') {
+      return new BridgeError('internal_error', `object store refused the bridge's credentials during ${what} (${name}); check the object store settings`, { cause: err });
+    }
+    if (status === 404) return new BridgeError('not_found', `object store: not found during ${what}`, { cause: err });
+    return new BridgeError('internal_error', `object store answered ${status} ${name} during ${what}`, { cause: err });
+  }
+  const reason = status !== undefined ? `${status} ${name}` : e?.code ?? (name === 'AbortError' || name === 'TimeoutError' ? 'timed out' : name);
+  return new BridgeError('cluster_unavailable', `the object store is unavailable (${what}: ${reason}); retry later`, {
+    headers: { 'Retry-After': '5' },
+    cause: err,
+  });
+}

@@ -1,0 +1,95 @@
+// Snapshots in the object store: the id format and the key layout, shared by the bridge (which
+// writes and reads them) and the operator (which deletes expired ones). docs/snapshots.md
+// explains the layout.
+//
+//   <prefix>/snapshots/<pool>/<session-hash>/<snapshot-id>/workspace.tar.gz   the /workspace tar
+//   <prefix>/snapshots/<pool>/<session-hash>/<snapshot-id>/snapshot.json      metadata + sealed env
+//
+// snapshot.json is written last: a snapshot exists once it is there. The id carries the session
+// hash, the creation time and the expiry, so "latest snapshot of a session" is one list request
+// and retention needs only key listings, never an object read.
+import { randomBytes } from 'node:crypto';
+import { sessionHash } from './labels.js';
+
+export const WORKSPACE_OBJECT = 'workspace.tar.gz';
+export const METADATA_OBJECT = 'snapshot.json';
+
+/** snap-<session hash>-<created ms, base36>-<expires s, base36>-<random>. */
+const ID = /^snap-([0-9a-f]{12})-([0-9a-z]{9})-([0-9a-z]{7})-([0-9a-f]{8})$/;
+
+export interface SnapshotId {
+  id: string;
+  sessionHash: string;
+  createdAt: Date;
+  expiresAt: Date;
+}
+
+export function newSnapshotId(sessionId: string, createdAt: Date, expiresAt: Date): SnapshotId {
+  const id = [
+    'snap',
+    sessionHash(sessionId),
+    createdAt.getTime().toString(36).padStart(9, '0'),
+    Math.floor(expiresAt.getTime() / 1000).toString(36).padStart(7, '0'),
+    randomBytes(4).toString('hex'),
+  ].join('-');
+  return { id, sessionHash: sessionHash(sessionId), createdAt, expiresAt: new Date(Math.floor(expiresAt.getTime() / 1000) * 1000) };
+}
+
+/** The parts of a snapshot id, or undefined when it is not one. */
+export function parseSnapshotId(id: string): SnapshotId | undefined {
+  const m = ID.exec(id);
+  if (!m) return undefined;
+  return { id, sessionHash: m[1]!, createdAt: new Date(parseInt(m[2]!, 36)), expiresAt: new Date(parseInt(m[3]!, 36) * 1000) };
+}
+
+/** Key prefix of a pool's snapshots (relative to the store's own prefix). */
+export function poolPrefix(pool: string): string {
+  return `snapshots/${pool}/`;
+}
+
+/** Key prefix of one session's snapshots. */
+export function sessionPrefix(pool: string, hash: string): string {
+  return `${poolPrefix(pool)}${hash}/`;
+}
+
+/** Key of one object of a snapshot. */
+export function snapshotKey(pool: string, id: SnapshotId, object: typeof WORKSPACE_OBJECT | typeof METADATA_OBJECT): string {
+  return `${sessionPrefix(pool, id.sessionHash)}${id.id}/${object}`;
+}
+
+/**
+ * When a snapshot is deleted: at its own expiry, or earlier when the pool's retention has since
+ * been shortened (a longer retention never extends a snapshot already taken).
+ */
+export function snapshotDeadline(id: SnapshotId, retentionSeconds: number): number {
+  return Math.min(id.expiresAt.getTime(), id.createdAt.getTime() + retentionSeconds * 1000);
+}
+
+/** What snapshot.json holds. The env is sealed (AES-256-GCM), never in clear. */
+export interface SnapshotMetadata {
+  version: 1;
+  snapshot_id: string;
+  name?: string;
+  pool: string;
+  box_id: string;
+  session_id: string;
+  image: string;
+  /** Kubernetes quantities, as the box had them. */
+  cpu: string;
+  memory: string;
+  created_at: string;
+  expires_at: string;
+  /** Bytes of workspace.tar.gz, and its SHA-256 (checked on restore). */
+  size: number;
+  sha256: string;
+  env: SealedEnv;
+}
+
+export interface SealedEnv {
+  alg: 'A256GCM';
+  /** Which key sealed it (a digest of the key, not the key). */
+  kid: string;
+  iv: string;
+  tag: string;
+  data: string;
+}
