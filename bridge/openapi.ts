@@ -18,6 +18,7 @@ const common = errors(401, 429, 500, 503);
 const boxId = { name: 'id', in: 'path', required: true, schema: { type: 'string' }, description: 'Box id (the pod name)' };
 const query = (name: string, description: string, type = 'string', required = false) => ({ name, in: 'query', required, schema: { type }, description });
 const processId = { name: 'pid', in: 'path', required: true, schema: { type: 'string' }, description: 'process_id from POST /boxes/{id}/processes' };
+const snapshotId = { name: 'snapshotId', in: 'path', required: true, schema: { type: 'string' }, description: 'snapshot_id from POST /boxes/{id}/snapshots' };
 const ndjson = (description: string) => ({ description, content: { 'application/x-ndjson': { schema: schema(S.OutputLine) } } });
 const fileParams = [
   boxId,
@@ -74,14 +75,37 @@ export function openApiDocument(version: string) {
       },
       '/boxes': {
         post: {
-          summary: 'Create a box (Idempotency-Key header: the same key within 24 h returns the same box)',
+          summary: 'Create a box (Idempotency-Key header: the same key within 24 h returns the same box); with snapshot_id, a fork of that snapshot (501 without an object store)',
           parameters: [{ name: 'Idempotency-Key', in: 'header', required: false, schema: { type: 'string', maxLength: 255 } }],
           requestBody: jsonBody(S.CreateBoxRequest),
-          responses: { '201': ok(S.BoxCreated, 'Created'), ...errors(400, 403, 413), ...common },
+          responses: { '201': ok(S.BoxCreated, 'Created'), ...errors(400, 403, 404, 413, 501), ...common },
         },
       },
       '/boxes/{id}': {
-        delete: { summary: 'Destroy a box', parameters: [boxId], responses: { '200': ok(S.BoxDeleted), ...errors(404), ...common } },
+        delete: {
+          summary: "Destroy a box; with a final snapshot (snapshot=true, or the pool's snapshots.onDelete) only once the snapshot is stored",
+          parameters: [boxId, query('snapshot', "Take a final snapshot first (default: the pool's snapshots.onDelete)", 'boolean')],
+          responses: { '200': ok(S.BoxDeleted), ...errors(400, 404, 501), ...common },
+        },
+      },
+      '/boxes/{id}/snapshots': {
+        post: {
+          summary: "Snapshot the box: its /workspace (compressed tar) and env, into the object store (501 without one)",
+          parameters: [boxId],
+          requestBody: { ...jsonBody(S.CreateSnapshotRequest), required: false },
+          responses: { '201': ok(S.Snapshot, 'Created'), ...errors(400, 404, 409, 501), ...common },
+        },
+      },
+      '/snapshots': {
+        get: {
+          summary: "A session's snapshots, newest first",
+          parameters: [query('session_id', 'The session', 'string', true), query('limit', 'At most this many (1-100, default 100)', 'integer')],
+          responses: { '200': ok(S.SnapshotList), ...errors(400, 501), ...common },
+        },
+      },
+      '/snapshots/{snapshotId}': {
+        get: { summary: 'One snapshot (never its env)', parameters: [snapshotId], responses: { '200': ok(S.Snapshot), ...errors(400, 404, 501), ...common } },
+        delete: { summary: 'Delete a snapshot', parameters: [snapshotId], responses: { '200': ok(S.SnapshotDeleted), ...errors(400, 404, 501), ...common } },
       },
       '/boxes/{id}/status': {
         get: { summary: 'Box status', parameters: [boxId], responses: { '200': ok(S.BoxStatus), ...errors(404), ...common } },

@@ -11,6 +11,7 @@ import type {
   ClusterCapacity,
   ClusterInfo,
   CreateBoxRequest,
+  CreateSnapshotRequest,
   EnvUpdated,
   ExecRequest,
   ExecResult,
@@ -28,6 +29,9 @@ import type {
   ProcessSignal,
   SandboxList,
   SandboxesQuery,
+  Snapshot,
+  SnapshotDeleted,
+  SnapshotList,
   StartProcessRequest,
   StdinWritten,
 } from './types.js';
@@ -53,6 +57,8 @@ export const DEFAULT_TIMEOUT_MS = 30_000;
 const DEFAULT_EXEC_TIMEOUT_MS = 120_000;
 /** Room beyond a command's own timeout for the box to start, the bridge to kill it and answer. */
 const EXEC_GRACE_MS = 30_000;
+/** Default deadline of calls that move a whole workspace (snapshot, fork, delete with a final snapshot). */
+export const SNAPSHOT_TIMEOUT_MS = 600_000;
 
 export interface CreateBoxOptions extends CallOptions {
   /**
@@ -91,8 +97,23 @@ export interface BridgeClient {
   metrics(opts?: CallOptions): Promise<PodMetricsList>;
   /** Creates a box; retried on 429/503 under one Idempotency-Key, so a retry never makes a second box. */
   createBox(req: CreateBoxRequest, opts?: CreateBoxOptions): Promise<BoxCreated>;
-  /** Rejects with status 404 / type not_found when the box is already gone. */
-  deleteBox(boxId: string, opts?: CallOptions): Promise<BoxDeleted>;
+  /**
+   * Rejects with status 404 / type not_found when the box is already gone. With `snapshot: true`
+   * (or the pool's snapshots.onDelete) a final snapshot is taken first and the box deleted only
+   * once it is stored; `snapshot: false` skips the pool's.
+   */
+  deleteBox(boxId: string, opts?: CallOptions & { snapshot?: boolean }): Promise<BoxDeleted>;
+  /** Snapshots the box's /workspace and env into the bridge's object store (501 without one). */
+  snapshot(boxId: string, req?: CreateSnapshotRequest, opts?: CallOptions): Promise<Snapshot>;
+  /** A session's snapshots, newest first. */
+  listSnapshots(sessionId: string, opts?: CallOptions & { limit?: number }): Promise<SnapshotList>;
+  getSnapshot(snapshotId: string, opts?: CallOptions): Promise<Snapshot>;
+  deleteSnapshot(snapshotId: string, opts?: CallOptions): Promise<SnapshotDeleted>;
+  /**
+   * A new box restored from a snapshot (a fork): its workspace and env; image, cpu and memory
+   * default to the snapshot's. Retried like createBox, under one Idempotency-Key.
+   */
+  fromSnapshot(snapshotId: string, req: Omit<CreateBoxRequest, 'snapshot_id'>, opts?: CreateBoxOptions): Promise<BoxCreated>;
   /** Runs a command. Never repeated after it may have started: only a 429 (refused) is retried. */
   exec(boxId: string, req: ExecRequest, opts?: CallOptions): Promise<ExecResult>;
   readFile(boxId: string, path: string, opts?: FileReadOptions): Promise<FileRead>;
@@ -156,7 +177,38 @@ export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
     metrics: (opts) => get('metrics', '/sandboxes/metrics', opts),
     createBox: (req, opts = {}) =>
       call({ operation: 'create', method: 'POST', path: '/boxes', json: req, expect: 'json', idempotencyKey: opts.idempotencyKey ?? newIdempotencyKey() }, opts),
-    deleteBox: (id, opts) => call({ operation: 'delete', method: 'DELETE', path: box(id), expect: 'json' }, opts),
+    deleteBox: (id, opts = {}) =>
+      call(
+        {
+          operation: 'delete',
+          method: 'DELETE',
+          path: box(id),
+          query: { snapshot: opts.snapshot === undefined ? undefined : String(opts.snapshot) },
+          expect: 'json',
+          ...(opts.snapshot ? { timeoutMs: SNAPSHOT_TIMEOUT_MS } : {}),
+        },
+        opts,
+      ),
+    snapshot: (id, req = {}, opts) =>
+      call({ operation: 'snapshot', method: 'POST', path: `${box(id)}/snapshots`, json: req, expect: 'json', timeoutMs: SNAPSHOT_TIMEOUT_MS }, opts),
+    listSnapshots: (sessionId, opts = {}) =>
+      call({ operation: 'list snapshots', method: 'GET', path: '/snapshots', query: { session_id: sessionId, limit: opts.limit }, expect: 'json' }, opts),
+    getSnapshot: (snapshotId, opts) => get('get snapshot', `/snapshots/${encodeURIComponent(snapshotId)}`, opts),
+    deleteSnapshot: (snapshotId, opts) =>
+      call({ operation: 'delete snapshot', method: 'DELETE', path: `/snapshots/${encodeURIComponent(snapshotId)}`, expect: 'json' }, opts),
+    fromSnapshot: (snapshotId, req, opts = {}) =>
+      call(
+        {
+          operation: 'fork',
+          method: 'POST',
+          path: '/boxes',
+          json: { ...req, snapshot_id: snapshotId },
+          expect: 'json',
+          idempotencyKey: opts.idempotencyKey ?? newIdempotencyKey(),
+          timeoutMs: SNAPSHOT_TIMEOUT_MS,
+        },
+        opts,
+      ),
     exec: (id, req, opts) =>
       call(
         {

@@ -4,7 +4,25 @@
 import { createBridgeClient, fileBytes, newIdempotencyKey, type BridgeClient, type BridgeClientOptions } from './client.js';
 import { BridgeClientError, type CallOptions } from './http.js';
 import { CLUSTER_BRIDGE_PROVIDER, clusterBridgeConfig, selectSandboxProvider, type EnvSource, type ProviderConfig } from './provider.js';
-import type { BoxCreated, BoxStatus, CreateBoxRequest, EnvUpdated, ExecResult, FileWritten } from './types.js';
+import type { BoxCreated, BoxStatus, CreateBoxRequest, EnvUpdated, ExecResult, FileWritten, Snapshot } from './types.js';
+
+/** A workspace backup as the agent platform's sandbox interface holds it: a bridge snapshot. */
+export interface WorkspaceBackupHandle {
+  /** The bridge's snapshot_id. */
+  id: string;
+  sessionId: string;
+  boxId: string;
+  name?: string;
+  /** Bytes of the compressed workspace. */
+  size: number;
+  createdAt: string;
+  expiresAt: string;
+}
+
+export interface WorkspaceRestoreResult {
+  ok: boolean;
+  error?: string;
+}
 
 export interface ClusterBridgeSandboxOptions extends Omit<CreateBoxRequest, 'sessionId'> {
   sessionId: string;
@@ -112,11 +130,72 @@ export class ClusterBridgeSandbox {
   }
 
   /**
+   * Snapshots the workspace (/workspace and the env) as a backup the bridge keeps for
+   * `ttlSec` (at most the pool's retention). Null when there is nothing to back up (no box was
+   * ever created) or the bridge has no object store (501); other failures (the store down: 503)
+   * throw, so a caller never mistakes a failed backup for an unneeded one.
+   */
+  async createWorkspaceBackup(options: { name?: string; ttlSec?: number } = {}, opts: CallOptions = {}): Promise<WorkspaceBackupHandle | null> {
+    const box = this.creating ? await this.creating.catch(() => undefined) : undefined;
+    if (!box) return null;
+    try {
+      const snap = await this.client.snapshot(
+        box.box_id,
+        { ...(options.name !== undefined ? { name: options.name } : {}), ...(options.ttlSec !== undefined ? { ttlSeconds: options.ttlSec } : {}) },
+        opts,
+      );
+      return handleOf(snap);
+    } catch (err) {
+      if (err instanceof BridgeClientError && err.status === 501) return null;
+      throw err;
+    }
+  }
+
+  /** The session's newest backup, or null (none, or no object store at the bridge). */
+  async latestWorkspaceBackup(opts: CallOptions = {}): Promise<WorkspaceBackupHandle | null> {
+    try {
+      const { snapshots } = await this.client.listSnapshots(this.sessionId, { ...opts, limit: 1 });
+      return snapshots[0] ? handleOf(snapshots[0]) : null;
+    } catch (err) {
+      if (err instanceof BridgeClientError && err.status === 501) return null;
+      throw err;
+    }
+  }
+
+  /**
+   * Restores a backup: before the session's first operation, the session's box is created from
+   * it; otherwise a new box is forked from it and, once it is ready, replaces the current one
+   * (which is deleted), so the sandbox never is without a box. Never throws.
+   */
+  async restoreWorkspaceBackup(handle: WorkspaceBackupHandle | string, opts: CallOptions = {}): Promise<WorkspaceRestoreResult> {
+    const snapshotId = typeof handle === 'string' ? handle : handle.id;
+    if (this.destroying) return { ok: false, error: `the sandbox of session ${this.sessionId} was destroyed` };
+    const before = this.creating;
+    const previous = before ? await before.catch(() => undefined) : undefined;
+    // Operations from now on wait for the restored box.
+    const fork = this.client.fromSnapshot(snapshotId, { ...this.createRequest, sessionId: this.sessionId }, opts);
+    this.creating = fork;
+    try {
+      const box = await fork;
+      this.created = box;
+      // The restore succeeded; a replaced box that cannot be deleted now is left to its TTL.
+      if (previous && previous.box_id !== box.box_id) await this.client.deleteBox(previous.box_id, { snapshot: false }).catch(() => undefined);
+      return { ok: true };
+    } catch (err) {
+      // The fork failed: the sandbox keeps the box it had (or makes one lazily, as before).
+      if (this.creating === fork) this.creating = previous ? before : undefined;
+      return { ok: false, error: err instanceof Error ? err.message : String(err) };
+    }
+  }
+
+  /**
    * Deletes the box. Idempotent: a box that is already gone (404) counts as deleted, a sandbox
    * that never created a box does nothing, and later calls return the first call's outcome.
    * Operations after destroy fail with type `sandbox_destroyed` rather than creating a new box.
+   * With `snapshot: true` a final snapshot is taken first and the box deleted only once it is
+   * stored (the platform's "eager final snapshot, then destroy"); if that fails, so does destroy.
    */
-  destroy(opts: CallOptions = {}): Promise<void> {
+  destroy(opts: CallOptions & { snapshot?: boolean } = {}): Promise<void> {
     this.destroying ??= this.deleteBox(opts).catch((err: unknown) => {
       this.destroying = undefined; // a failed delete (say, 503 after retries) may be tried again
       throw err;
@@ -124,7 +203,7 @@ export class ClusterBridgeSandbox {
     return this.destroying;
   }
 
-  private async deleteBox(opts: CallOptions): Promise<void> {
+  private async deleteBox(opts: CallOptions & { snapshot?: boolean }): Promise<void> {
     // A create in flight would otherwise leave a box behind.
     const box = this.creating ? await this.creating.catch(() => undefined) : undefined;
     if (!box) return;
@@ -160,6 +239,18 @@ export class ClusterBridgeSandbox {
     );
     return (await this.creating).box_id;
   }
+}
+
+function handleOf(s: Snapshot): WorkspaceBackupHandle {
+  return {
+    id: s.snapshot_id,
+    sessionId: s.session_id,
+    boxId: s.box_id,
+    ...(s.name !== undefined ? { name: s.name } : {}),
+    size: s.size,
+    createdAt: s.created_at,
+    expiresAt: s.expires_at,
+  };
 }
 
 /**

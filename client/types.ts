@@ -13,6 +13,7 @@ export type CreateBoxRequest = z.input<typeof S.CreateBoxRequest>;
 export type ExecRequest = z.input<typeof S.ExecRequest>;
 export type SetEnvRequest = z.input<typeof S.SetEnvRequest>;
 export type StartProcessRequest = z.input<typeof S.StartProcessRequest>;
+export type CreateSnapshotRequest = z.input<typeof S.CreateSnapshotRequest>;
 export type ProcessSignal = (typeof S.SIGNALS)[number];
 /** GET /sandboxes query parameters, as the bridge names them. */
 export type SandboxesQuery = z.input<typeof S.SandboxesQuery>;
@@ -26,6 +27,9 @@ export type PodMetricsList = z.output<typeof S.PodMetricsList>;
 export type BoxCreated = z.output<typeof S.BoxCreated>;
 export type BoxStatus = z.output<typeof S.BoxStatus>;
 export type BoxDeleted = z.output<typeof S.BoxDeleted>;
+export type Snapshot = z.output<typeof S.Snapshot>;
+export type SnapshotList = z.output<typeof S.SnapshotList>;
+export type SnapshotDeleted = z.output<typeof S.SnapshotDeleted>;
 export type ExecResult = z.output<typeof S.ExecResult>;
 export type FileRead = z.output<typeof S.FileRead>;
 export type FileWritten = z.output<typeof S.FileWritten>;

@@ -44,9 +44,9 @@ export const ObjectStoreConfigSchema = z.object({
   /** A connection not established in this time counts as the store being down. */
   OBJECT_STORE_CONNECT_TIMEOUT_MS: int(2000, 100),
   /** Deadline of a small request (metadata, listing, delete). */
-  OBJECT_STORE_TIMEOUT_MS: int(10_000, 100),
+  OBJECT_STORE_TIMEOUT_MS: int(5000, 100),
   /** A streaming transfer with no byte moving for this long is abandoned. */
-  OBJECT_STORE_IDLE_TIMEOUT_MS: int(30_000, 1000),
+  OBJECT_STORE_IDLE_TIMEOUT_MS: int(20_000, 1000),
 });
 export type ObjectStoreConfig = z.infer<typeof ObjectStoreConfigSchema>;
 
@@ -123,7 +123,7 @@ export class ObjectStore {
     this.s3.destroy();
   }
 
-  /** Whether the bucket answers (a readiness check for tools; routes do not call it). */
+  /** Whether the bucket answers, within the deadline of a small request. */
   async check(): Promise<void> {
     await this.run('check the bucket', (abortSignal) => this.s3.send(new HeadBucketCommand({ Bucket: this.bucket }), { abortSignal }));
   }

@@ -6,6 +6,7 @@ import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
 import { z } from 'zod';
 import { LOG_LEVELS } from '../common/logger.js';
+import { ObjectStoreConfigSchema, objectStoreProblems } from '../common/object-store.js';
 import { WebhooksFile, type WebhookEndpoint } from './webhooks.js';
 
 const port = z.coerce.number().int().min(1).max(65535);
@@ -46,7 +47,13 @@ export const ConfigSchema = z.object({
   WEBHOOK_DEBOUNCE_SECONDS: z.coerce.number().int().min(0).default(60),
   WEBHOOK_MAX_ATTEMPTS: positiveInt.max(20).default(6),
   WEBHOOK_TIMEOUT_SECONDS: positiveInt.max(120).default(10),
-});
+  /**
+   * Snapshot retention (with an object store, OBJECT_STORE_*): the longest wait between two sweeps
+   * of a pool's snapshots, and how old what a failed snapshot left must be before it goes.
+   */
+  SNAPSHOT_SWEEP_SECONDS: positiveInt.default(300),
+  SNAPSHOT_INCOMPLETE_GRACE_SECONDS: positiveInt.default(3600),
+}).extend(ObjectStoreConfigSchema.shape);
 
 export type OperatorConfig = z.infer<typeof ConfigSchema> & {
   identity: string;
@@ -58,6 +65,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): OperatorConfig
   const parsed = ConfigSchema.safeParse(env);
   if (!parsed.success) throw new ConfigError('operator', configProblems(parsed.error));
   const c = parsed.data;
+  const storeProblems = objectStoreProblems(c);
+  if (storeProblems.length) throw new ConfigError('operator', storeProblems);
   if (c.LEASE_RENEW_SECONDS * 2 > c.LEASE_DURATION_SECONDS) {
     throw new ConfigError('operator', ['LEASE_RENEW_SECONDS must be at most half of LEASE_DURATION_SECONDS']);
   }

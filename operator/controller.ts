@@ -13,7 +13,9 @@ import { ScopedCache } from './scoped-cache.js';
 import { EventRecorder } from './events.js';
 import { BoxHealthMonitor } from './health-monitor.js';
 import type { OperatorMetrics } from './metrics.js';
-import { PoolReconciler, SeenBoxes, type Caches, type Lister } from './pool-reconciler.js';
+import { PoolReconciler, SeenBoxes, type Caches, type Lister, type ReconcileResult } from './pool-reconciler.js';
+import { SnapshotRetentionReconciler } from './snapshot-retention.js';
+import type { ObjectStore } from '../common/object-store.js';
 import type { WebhookNotifier } from './webhooks.js';
 import { WorkQueue } from './work-queue.js';
 
@@ -33,6 +35,12 @@ export interface ControllerOptions {
   /** Box health reports (health-monitor.ts): the Pending threshold, and webhooks if configured. */
   stuckPendingMs?: number;
   webhooks?: WebhookNotifier;
+  /** The object store of snapshots: with it, a second reconciler of each pool enforces snapshot retention. */
+  snapshots?: { store: ObjectStore; sweepIntervalMs: number; incompleteGraceMs: number };
+}
+
+interface Reconciler {
+  reconcile(name: string): Promise<ReconcileResult>;
 }
 
 const LIST_TIMEOUT_MS = 120_000;
@@ -43,9 +51,12 @@ export class Controller {
   private readonly pools: ResilientInformer<SandboxPool & k8s.KubernetesObject>;
   private readonly pods: ScopedCache<k8s.V1Pod>;
   private readonly reconciler: PoolReconciler;
+  private readonly retention: SnapshotRetentionReconciler | undefined;
   private readonly health: BoxHealthMonitor;
   private readonly seenBoxes = new SeenBoxes();
   private queue: WorkQueue | undefined;
+  /** Snapshot retention's own queue of pool names (one worker: it waits on the store, not the API server). */
+  private retentionQueue: WorkQueue | undefined;
   private running: Array<Promise<void>> = [];
   private synced: Promise<void> | undefined;
 
@@ -142,7 +153,10 @@ export class Controller {
     );
 
     for (const event of ['add', 'update', 'delete'] as const) {
-      this.pools.on(event, (pool) => this.enqueue(pool.metadata.name));
+      this.pools.on(event, (pool) => {
+        this.enqueue(pool.metadata.name);
+        this.retentionQueue?.add(pool.metadata.name);
+      });
       this.pods.on(event, (pod) => {
         if (event === 'delete') this.health.forget(pod);
         else slim(this.observed(pod));
@@ -180,6 +194,15 @@ export class Controller {
       ...(o.deleteConcurrency ? { deleteConcurrency: o.deleteConcurrency } : {}),
       ...(o.orphanGraceMs !== undefined ? { orphanGraceMs: o.orphanGraceMs } : {}),
     });
+    if (o.snapshots) {
+      this.retention = new SnapshotRetentionReconciler({
+        ...o.snapshots,
+        pools: this.pools as Lister<SandboxPool>,
+        events,
+        metrics: o.metrics,
+        log: o.log.child({ component: 'snapshot-retention' }),
+      });
+    }
   }
 
   /** Starts every watch; resolves when all caches are filled. */
@@ -206,11 +229,17 @@ export class Controller {
     if (this.queue) return;
     const queue = new WorkQueue();
     this.queue = queue;
+    const retentionQueue = this.retention ? new WorkQueue({ maxBackoffMs: 300_000 }) : undefined;
+    this.retentionQueue = retentionQueue;
     const workers = this.o.workers ?? 2;
     void this.startCaches().then(() => {
       if (this.queue !== queue) return;
-      for (const pool of this.pools.list()) queue.add(pool.metadata.name);
-      this.running = Array.from({ length: workers }, () => this.work(queue));
+      for (const pool of this.pools.list()) {
+        queue.add(pool.metadata.name);
+        retentionQueue?.add(pool.metadata.name);
+      }
+      this.running = Array.from({ length: workers }, () => this.work(queue, this.reconciler));
+      if (retentionQueue && this.retention) this.running.push(this.work(retentionQueue, this.retention));
       this.health.startLeading();
       this.log.info({ workers }, 'workers started');
     });
@@ -223,19 +252,21 @@ export class Controller {
     this.queue = undefined;
     this.health.stopLeading();
     queue.shutDown();
+    this.retentionQueue?.shutDown();
+    this.retentionQueue = undefined;
     await Promise.all(this.running);
     this.running = [];
     this.log.info('workers stopped');
   }
 
-  private async work(queue: WorkQueue): Promise<void> {
+  private async work(queue: WorkQueue, reconciler: Reconciler): Promise<void> {
     for (;;) {
       const key = await queue.get();
       if (key === undefined) return;
       this.o.metrics.queueDepth.set(queue.len());
       const end = this.o.metrics.reconcileDuration.startTimer();
       try {
-        const result = await this.reconciler.reconcile(key);
+        const result = await reconciler.reconcile(key);
         queue.forget(key);
         this.o.metrics.reconcileTotal.inc({ result: 'success' });
         if (result.requeueAfterMs !== undefined) queue.addAfter(key, result.requeueAfterMs);

@@ -19,6 +19,7 @@ import { Controller } from './controller.js';
 import { LeaderElector } from './leader-election.js';
 import { createOperatorMetrics } from './metrics.js';
 import { createWebhooks } from './webhooks.js';
+import { objectStoreFrom } from '../common/object-store.js';
 
 async function main(): Promise<void> {
   const config = loadOrExit(() => loadConfig(), 'sandbox-bridge operator: ');
@@ -28,6 +29,8 @@ async function main(): Promise<void> {
   metrics.leader.set(0);
 
   const webhooks = createWebhooks(config, log, metrics);
+  const store = objectStoreFrom(config);
+  if (!store) log.info('no object store configured (OBJECT_STORE_BUCKET): snapshot retention is off');
   const controller = new Controller({
     kc,
     log,
@@ -41,6 +44,9 @@ async function main(): Promise<void> {
     orphanGraceMs: config.ORPHAN_SECRET_GRACE_SECONDS * 1000,
     stuckPendingMs: config.STUCK_PENDING_SECONDS * 1000,
     ...(webhooks ? { webhooks } : {}),
+    ...(store
+      ? { snapshots: { store, sweepIntervalMs: config.SNAPSHOT_SWEEP_SECONDS * 1000, incompleteGraceMs: config.SNAPSHOT_INCOMPLETE_GRACE_SECONDS * 1000 } }
+      : {}),
   });
 
   let shuttingDown = false;

@@ -28,6 +28,12 @@ export function createOperatorMetrics(registry = new Registry()) {
       labelNames: ['reason'] as const,
       registers: [registry],
     }),
+    snapshotsDeleted: new Counter({
+      name: 'sandbox_operator_snapshots_deleted_total',
+      help: 'Snapshots deleted from the object store by retention, by reason (expired; incomplete: left by a snapshot that failed mid-way).',
+      labelNames: ['reason'] as const,
+      registers: [registry],
+    }),
     boxFailures: new Counter({
       name: 'sandbox_operator_box_failures_total',
       help: 'Box failures reported (each occurrence once), by reason (oom_killed, crashed, image_pull_failed, stuck_pending, evicted) and pool.',

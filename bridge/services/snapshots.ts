@@ -83,15 +83,21 @@ export class SnapshotService {
         // A request may ask for a shorter life than the pool's retention, never a longer one.
         const ttl = Math.min(req.ttlSeconds ?? retention, retention);
         const id = newSnapshotId(box.session_id, createdAt, new Date(createdAt.getTime() + ttl * 1000));
-        // The env first: a box without its Secret fails before anything is uploaded.
+        // The env and the store first: a box without its Secret, or a store that does not
+        // answer, fails fast (within the store's deadline), before any byte moves.
         const env = await this.deps.secrets.readEnv(pod);
+        await store.check();
         const tar = await this.deps.boxd.readArchive(target, WORKSPACE, true, signal);
         const meter = new Meter();
         // pipeline propagates an archive cut short (boxd ends the response without its final
         // chunk on a failure) into the upload, which then fails: a truncated archive is never stored.
         pipeline(tar, meter, () => undefined);
         const workspaceKey = store.key(snapshotKey(this.pool, id, WORKSPACE_OBJECT));
-        await store.upload(workspaceKey, meter, { contentType: 'application/gzip', signal });
+        try {
+          await store.upload(workspaceKey, meter, { contentType: 'application/gzip', signal });
+        } finally {
+          meter.destroy(); // after a failure, releases boxd's stream too (pipeline)
+        }
         bytes = meter.bytes;
         const metadata: SnapshotMetadata = {
           version: 1,
@@ -226,7 +232,11 @@ export class SnapshotService {
         if (!object) throw new BridgeError('not_found', `snapshot ${metadata.snapshot_id} not found (deleted while restoring)`);
         const check = new Meter(metadata.sha256, metadata.size);
         pipeline(object.body as Readable, check, () => undefined);
-        await this.deps.boxd.writeArchive(target, WORKSPACE, check, { maxBytes, maxEntries: this.deps.maxEntries, contentLength: metadata.size, signal });
+        try {
+          await this.deps.boxd.writeArchive(target, WORKSPACE, check, { maxBytes, maxEntries: this.deps.maxEntries, contentLength: metadata.size, signal });
+        } finally {
+          check.destroy(); // after a refusal, releases the store's stream too (pipeline)
+        }
         bytes = check.bytes;
       });
       // Through the env service: the box's Secret first (durable), then boxd.

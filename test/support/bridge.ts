@@ -1,13 +1,17 @@
 // Runs real bridge replicas in-process against the local cluster, each with its own caches
 // and Kubernetes clients, exactly as separate pods would (they share nothing but the cluster).
+import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { join } from 'node:path';
 import type * as k8s from '@kubernetes/client-node';
 import { pino } from 'pino';
+import { NODE_FLAGS } from '../../common/node-flags.js';
 import { withDefaults, type SandboxPoolSpec } from '../../common/pool.js';
 import { ConfigSchema, type Config } from '../../bridge/config.js';
 import { staticPolicy, type PolicySource } from '../../bridge/kube/policy.js';
 import { startBridge, type RunningBridge } from '../../bridge/server.js';
 import { LOCAL_BOX_IMAGE, REAL_NODE_LABEL } from './cluster.js';
+import { freePort } from './operator.js';
 
 export const TEST_TOKEN = `test-token-${randomBytes(12).toString('hex')}`;
 /** Shared by every test bridge (as by every replica of a real install). */
@@ -41,8 +45,48 @@ export async function startTestBridge(
   return startBridge(testConfig(overrides), { kc, policy, log: pino({ level: process.env.BRIDGE_TEST_LOG ?? 'silent' }) });
 }
 
+/**
+ * A bridge as its own process (node dist/bridge/main.js, built by the integration globalSetup),
+ * for what must be measured on the bridge alone (its RSS). It watches the SandboxPool POOL_NAME.
+ */
+export async function spawnBridge(env: Record<string, string>): Promise<{ url: string; pid: number; stop: () => Promise<void> }> {
+  const [port, metricsPort] = [await freePort(), await freePort()];
+  let output = '';
+  const child = spawn(join(process.cwd(), 'node_modules/.bin/node'), [...NODE_FLAGS, join(process.cwd(), 'dist/bridge/main.js')], {
+    env: {
+      PATH: process.env.PATH,
+      KUBECONFIG: process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG,
+      BRIDGE_TOKEN: TEST_TOKEN,
+      BOXD_KEY: TEST_BOXD_KEY,
+      BOXD_IMAGE: TEST_BOXD_IMAGE,
+      PORT: String(port),
+      METRICS_PORT: String(metricsPort),
+      HOST: '127.0.0.1',
+      LOG_LEVEL: 'warn',
+      SHUTDOWN_GRACE_MS: '2000',
+      ...env,
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  child.stdout!.on('data', (d: Buffer) => (output += d.toString()));
+  child.stderr!.on('data', (d: Buffer) => (output += d.toString()));
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  const stop = async () => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+    await exited;
+  };
+  for (let i = 0; i < 300; i++) {
+    if (child.exitCode !== null) throw new Error(`bridge exited with ${child.exitCode}:\n${output}`);
+    const ready = await fetch(`http://127.0.0.1:${metricsPort}/readyz`).then((r) => r.ok, () => false);
+    if (ready) return { url: `http://127.0.0.1:${port}`, pid: child.pid!, stop };
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  await stop();
+  throw new Error(`bridge did not become ready:\n${output}`);
+}
+
 /** fetch against a bridge with the test token. */
-export function api(bridge: RunningBridge, token = TEST_TOKEN) {
+export function api(bridge: Pick<RunningBridge, 'url'>, token = TEST_TOKEN) {
   return async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
     const res = await fetch(`${bridge.url}/api/v1${path}`, {
       method,
