@@ -102,7 +102,7 @@ export class BoxConnector {
       }
       const live = await this.waitForIp(name, remaining);
       try {
-        await this.deps.boxd.health(this.target(live), AbortSignal.any([signal, AbortSignal.timeout(Math.min(remaining, 2000))]));
+        await this.deps.boxd.health(this.target(live), AbortSignal.any([signal, AbortSignal.timeout(Math.ceil(Math.min(remaining, 2000)))]));
         remember(this.ready, name, live.metadata!.uid!);
         return live;
       } catch (err) {
