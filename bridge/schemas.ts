@@ -258,7 +258,8 @@ export const NodeList = z.object({
 export const SandboxList = z.object({
   sandboxes: z.array(
     z.object({
-      name: z.string(),
+      name: z.string().describe('The pod serving the box'),
+      box_id: z.string().describe('The box id (equal to name unless the box was a warm box when claimed)'),
       namespace: z.string(),
       status: z.string(),
       node: z.string(),

@@ -53,6 +53,23 @@ export interface DnsPeers {
   cidrs: string[];
 }
 
+/**
+ * Warm boxes: pods of the pool's default shape, started ahead and answering, that a create of
+ * that shape claims instead of waiting for a new pod.
+ */
+export interface WarmPolicy {
+  /** Ready warm boxes to keep; 0 turns warm boxes off. With `max` above it, the minimum. */
+  count: number;
+  /** When above `count`: keep as many as were claimed in the last `windowSeconds`, up to this. */
+  max?: number;
+  /** The window of recent claims that sizes the pool between count and max. */
+  windowSeconds: number;
+  /** While warm boxes are replaced (a template change), at least this many stay ready (default: count). */
+  minAvailable?: number;
+  /** Runtime class of the warm boxes (must be allowed); a create names it to be served warm. */
+  runtimeClassName?: string;
+}
+
 /** Where the bridge pods run: the only peers a box admits, and only to boxd's port. */
 export interface BridgePeers {
   namespace: string;
@@ -77,6 +94,7 @@ export interface SandboxPoolSpec {
   allowedServiceAccountNames: string[];
   egress: EgressPolicy;
   bridge: BridgePeers;
+  warm: WarmPolicy;
 }
 
 export interface SandboxPoolStatus {
@@ -84,6 +102,9 @@ export interface SandboxPoolStatus {
   conditions?: V1Condition[];
   activeBoxes?: number;
   totalBoxesCreated?: number;
+  /** Warm boxes ready to claim, and how many the operator keeps now. */
+  warmReady?: number;
+  warmDesired?: number;
   /**
    * Written by the operator: the newest box creation already counted into totalBoxesCreated
    * (creationTimestamp, second resolution, and the UIDs counted within that second), so a
@@ -150,13 +171,15 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
     namespace: 'sandbox-bridge',
     podLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'bridge' },
   },
+  warm: { count: 0, windowSeconds: 60 },
 };
 
 /** A spec with every field the CRD defaults filled in. */
-export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge'>> & {
+export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge' | 'warm'>> & {
   namespace: string;
   egress?: Partial<Omit<EgressPolicy, 'dns'>> & { dns?: Partial<DnsPeers> };
   bridge?: Partial<BridgePeers>;
+  warm?: Partial<WarmPolicy>;
 };
 
 export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
@@ -166,5 +189,6 @@ export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
     box: { ...POOL_DEFAULTS.box, ...spec.box },
     egress: { ...POOL_DEFAULTS.egress, ...spec.egress, dns: { ...POOL_DEFAULTS.egress.dns, ...spec.egress?.dns } },
     bridge: { ...POOL_DEFAULTS.bridge, ...spec.bridge },
+    warm: { ...POOL_DEFAULTS.warm, ...spec.warm },
   };
 }

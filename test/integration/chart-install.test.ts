@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import { pino } from 'pino';
-import { boxSecretName } from '../../common/labels.js';
+import { boxRecordName } from '../../common/labels.js';
 import { startBridge, type RunningBridge } from '../../bridge/server.js';
 import { ON_REAL_NODE, TEST_TOKEN, api, testConfig } from '../support/bridge.js';
 import { LOCAL_BOX_IMAGE, testKubeConfig, waitFor } from '../support/cluster.js';
@@ -159,9 +159,12 @@ test('ServiceAccount permissions: what the bridge needs where it needs it, nothi
   const expectations: Array<[string, string, string | undefined, string | undefined, boolean]> = [
     ['create', 'pods', sandboxNs, undefined, true],
     ['watch', 'pods', sandboxNs, undefined, true],
-    ['create', 'pods', sandboxNs, 'exec', true],
+    ['patch', 'pods', sandboxNs, undefined, true], // claiming a warm box
     ['get', 'pods', sandboxNs, 'log', true],
     ['update', 'secrets', sandboxNs, undefined, true],
+    ['delete', 'secrets', sandboxNs, undefined, true], // a box's record
+    // Everything inside a box goes to boxd, never through the API server.
+    ['create', 'pods', sandboxNs, 'exec', false],
     ['list', 'nodes', undefined, undefined, true],
     ['watch', 'nodes', undefined, undefined, true],
     ['watch', 'sandboxpools', undefined, undefined, true],
@@ -170,8 +173,6 @@ test('ServiceAccount permissions: what the bridge needs where it needs it, nothi
     ['list', 'pods', undefined, undefined, false],
     ['get', 'secrets', releaseNs, undefined, false],
     ['list', 'secrets', sandboxNs, undefined, false],
-    ['patch', 'pods', sandboxNs, undefined, false],
-    ['delete', 'secrets', sandboxNs, undefined, false],
     ['update', 'sandboxpools', undefined, undefined, false],
   ];
   const results = [];
@@ -334,7 +335,7 @@ test('the bridge, with only the chart RBAC, serves a whole box lifecycle; a miss
   expect(deleted.json).toMatchObject({ box_id: boxId, status: 'Terminated' });
   await waitFor('the box and its Secret to be gone', async () => {
     const pods = await core.listNamespacedPod({ namespace: sandboxNs, fieldSelector: `metadata.name=${boxId}` });
-    const secrets = await core.listNamespacedSecret({ namespace: sandboxNs, fieldSelector: `metadata.name=${boxSecretName(boxId)}` });
+    const secrets = await core.listNamespacedSecret({ namespace: sandboxNs, fieldSelector: `metadata.name=${boxRecordName(boxId)}` });
     return pods.items.length === 0 && secrets.items.length === 0 ? true : undefined;
   }, { timeoutMs: 45_000 });
   expect((await call('DELETE', `/boxes/${boxId}`)).status).toBe(404);

@@ -16,10 +16,9 @@ const OPERATOR = 'rel-sandbox-bridge-operator';
 
 /** The bridge's Kubernetes calls (bridge/kube, bridge/services), as RBAC rules. */
 const BRIDGE_NAMESPACED_RULES = [
-  { apiGroups: [''], resources: ['pods'], verbs: ['create', 'get', 'list', 'watch', 'delete'] },
+  { apiGroups: [''], resources: ['pods'], verbs: ['create', 'get', 'list', 'watch', 'delete', 'patch'] },
   { apiGroups: [''], resources: ['pods/log'], verbs: ['get'] },
-  { apiGroups: [''], resources: ['pods/exec'], verbs: ['create', 'get'] },
-  { apiGroups: [''], resources: ['secrets'], verbs: ['get', 'create', 'update'] },
+  { apiGroups: [''], resources: ['secrets'], verbs: ['get', 'create', 'update', 'delete'] },
   { apiGroups: ['metrics.k8s.io'], resources: ['pods'], verbs: ['list'] },
 ];
 /** The operator's calls in each pool namespace (operator/controller.ts, pool-reconciler.ts, events). */
