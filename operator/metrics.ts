@@ -24,8 +24,14 @@ export function createOperatorMetrics(registry = new Registry()) {
     }),
     boxesReaped: new Counter({
       name: 'sandbox_operator_boxes_reaped_total',
-      help: 'Box pods and env Secrets deleted by the operator, by reason (expired, succeeded, failed, orphaned_secret).',
+      help: 'Box pods and Secrets deleted by the operator, by reason (expired, succeeded, failed, box_record, orphaned_record, orphaned_secret).',
       labelNames: ['reason'] as const,
+      registers: [registry],
+    }),
+    warmReady: new Gauge({
+      name: 'sandbox_operator_warm_ready',
+      help: 'Warm boxes ready to claim, by pool (as of the pool\'s last reconcile).',
+      labelNames: ['pool'] as const,
       registers: [registry],
     }),
     boxFailures: new Counter({

@@ -72,8 +72,8 @@ export class BoxRecords {
       this.core.deleteNamespacedSecret({
         name: boxRecordName(boxId),
         namespace: this.namespace,
-        propagationPolicy: 'Background',
-        ...(uid ? { body: { preconditions: { uid } } } : {}),
+        // Options in the body: the API server ignores query options when a DELETE has a body.
+        body: { propagationPolicy: 'Background', ...(uid ? { preconditions: { uid } } : {}) },
       }),
     ).catch((err: unknown) => {
       if (!(err instanceof BridgeError && (err.type === 'not_found' || err.type === 'conflict'))) throw err;

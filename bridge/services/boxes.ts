@@ -30,6 +30,8 @@ const IDEMPOTENCY_WINDOW_MS = 24 * 3600 * 1000;
 const RECENT_DELETES = 10_000;
 /** Warm pods a create tries before it makes a new one (each lost race costs one API call). */
 const CLAIM_ATTEMPTS = 3;
+/** Creates retried while a warm pod given up for the quota is counted out (150 ms doubling: ~4.5 s). */
+const QUOTA_RETRIES = 5;
 /** A claimed pod's agent must answer within this, or the claim is undone. */
 const CLAIM_CHECK_MS = 2000;
 
@@ -182,22 +184,33 @@ export class BoxService {
     return undefined;
   }
 
-  /** A new pod for the box. A pool whose quota is held by warm pods gives one of them up. */
+  /**
+   * A new pod for the box. A pool whose quota is held by warm pods gives one of them up: the
+   * create is retried while the quota controller counts that pod out (usually well under a second).
+   */
   private async createPod(spec: SandboxPoolSpec, shape: BoxShape, session: SessionBox, nonce: string): Promise<k8s.V1Pod> {
     const body = buildSessionBoxPod(
       { namespace: this.deps.namespace, poolName: this.deps.policy.poolName, shape, box: spec.box, boxdImage: this.deps.boxdImage, nonce },
       session,
     );
+    const evicted = new Set<string>();
     for (let attempt = 0; ; attempt++) {
       try {
         return await this.deps.call('create box pod', () => this.deps.core.createNamespacedPod({ namespace: this.deps.namespace, body }));
       } catch (err) {
         const quota = err instanceof BridgeError && err.type === 'forbidden' && /exceeded quota/i.test(err.message);
-        const spare = quota && attempt < 3 ? this.deps.cache.warm(this.deps.policy.poolName)[0] : undefined;
-        if (!spare) throw err;
-        // Unclaimed warm pods hold no one's data: removed at once, they free their quota now.
-        await this.deleteQuietly(spare, 0);
-        await new Promise((resolve) => setTimeout(resolve, 200 * (attempt + 1)));
+        if (!quota || attempt >= QUOTA_RETRIES) throw err;
+        // Unclaimed warm pods hold no one's data: one removed at once frees its quota now. The
+        // resource version guards against a claim through another replica a moment ago; a delete
+        // it refused (the pod changed) is tried again with the version the cache sees next.
+        const seen = (p: k8s.V1Pod) => `${p.metadata!.uid}@${p.metadata!.resourceVersion}`;
+        const spare = this.deps.cache.warm(this.deps.policy.poolName).find((p) => !evicted.has(seen(p)));
+        if (!spare && evicted.size === 0) throw err;
+        if (spare) {
+          evicted.add(seen(spare));
+          await this.deleteQuietly(spare, 0, true);
+        }
+        await new Promise((resolve) => setTimeout(resolve, 150 * 2 ** attempt));
       }
     }
   }
@@ -232,8 +245,7 @@ export class BoxService {
           this.deps.core.deleteNamespacedPod({
             name: pod.metadata!.name!,
             namespace: this.deps.namespace,
-            propagationPolicy: 'Background',
-            body: { preconditions },
+            body: { propagationPolicy: 'Background', preconditions },
           }),
         );
         this.remember(pod.metadata!.uid!);
@@ -308,14 +320,17 @@ export class BoxService {
     return labelled.items.find((p) => !p.metadata?.deletionTimestamp) ?? labelled.items[0];
   }
 
-  private async deleteQuietly(pod: k8s.V1Pod, gracePeriodSeconds?: number): Promise<void> {
-    const { name, uid } = pod.metadata!;
+  private async deleteQuietly(pod: k8s.V1Pod, gracePeriodSeconds?: number, unchanged = false): Promise<void> {
+    const { name, uid, resourceVersion } = pod.metadata!;
     await this.deps.core
       .deleteNamespacedPod({
         name: name!,
         namespace: this.deps.namespace,
-        ...(gracePeriodSeconds !== undefined ? { gracePeriodSeconds } : {}),
-        body: { preconditions: { uid: uid! } },
+        // In the body: the API server ignores query options when a DELETE has a body.
+        body: {
+          ...(gracePeriodSeconds !== undefined ? { gracePeriodSeconds } : {}),
+          preconditions: { uid: uid!, ...(unchanged ? { resourceVersion: resourceVersion! } : {}) },
+        },
       })
       .catch(() => undefined);
   }

@@ -33,12 +33,13 @@ export function testPolicy(namespace: string, spec: Partial<SandboxPoolSpec> = {
   return staticPolicy(`pool-${namespace}`, withDefaults({ ...spec, namespace }));
 }
 
+/** A bridge replica; without a fixed policy it watches the SandboxPool named by POOL_NAME, as deployed. */
 export async function startTestBridge(
   kc: k8s.KubeConfig,
-  policy: PolicySource,
+  policy: PolicySource | undefined,
   overrides: Record<string, string> = {},
 ): Promise<RunningBridge> {
-  return startBridge(testConfig(overrides), { kc, policy, log: pino({ level: process.env.BRIDGE_TEST_LOG ?? 'silent' }) });
+  return startBridge(testConfig(overrides), { kc, ...(policy ? { policy } : {}), log: pino({ level: process.env.BRIDGE_TEST_LOG ?? 'silent' }) });
 }
 
 /** fetch against a bridge with the test token. */
