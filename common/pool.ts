@@ -124,7 +124,7 @@ export interface SandboxPool {
 /**
  * A published runtime base image, fully qualified (registry, repository, tag) so that no node's
  * short-name or mirror setting resolves it to something else: Debian slim with sh and coreutils,
- * and Python, what agents most often run. Pin a digest or a mirror in production (README).
+ * and Python, what agents most often run. Pin a digest or a mirror in production (docs/operator.md).
  */
 export const DEFAULT_BOX_IMAGE = 'docker.io/library/python:3.13-slim-bookworm';
 

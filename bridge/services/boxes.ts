@@ -20,10 +20,9 @@ import type { BoxReader } from '../kube/box-cache.js';
 import type { BoxRecords } from '../kube/box-records.js';
 import type { KubeCall } from '../kube/instrument.js';
 import type { PolicySource } from '../kube/policy.js';
-import type { CreateBoxRequest } from '../schemas.js';
+import { BOX_ID, type CreateBoxRequest } from '../schemas.js';
 
 const MiB = 1024 * 1024;
-const BOX_ID = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
 /** An Idempotency-Key names the same box for this long (DESIGN.md). */
 const IDEMPOTENCY_WINDOW_MS = 24 * 3600 * 1000;
 /** Deletes this replica sent recently, by pod UID: answered 404 before the watch shows them. */

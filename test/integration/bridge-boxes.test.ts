@@ -312,7 +312,8 @@ test('cluster info, nodes and the OpenAPI document', async () => {
 
   const doc = await call('GET', '/openapi.json');
   expect(doc.json.openapi).toBe('3.1.0');
-  expect(doc.json.paths['/boxes'].post.requestBody.content['application/json'].schema.required).toEqual(['sessionId']);
+  expect(doc.json.paths['/boxes'].post.requestBody.content['application/json'].schema).toEqual({ $ref: '#/components/schemas/CreateBoxRequest' });
+  expect(doc.json.components.schemas.CreateBoxRequest.required).toEqual(['sessionId']);
 });
 
 test('pod metrics come from metrics.k8s.io; without that API the answer is a clear 500', async () => {
