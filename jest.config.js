@@ -18,7 +18,7 @@ export default {
     {
       ...common,
       displayName: 'unit',
-      testMatch: ['<rootDir>/{bridge,operator,client,common}/**/*.test.ts'],
+      testMatch: ['<rootDir>/{bridge,operator,client,common}/**/*.test.ts', '<rootDir>/test/docs/*.test.ts'],
     },
     {
       ...common,

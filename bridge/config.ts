@@ -1,7 +1,7 @@
 // Bridge configuration: environment variables, validated with zod at start-up. A bad value
 // stops the process with a message naming the variable.
-import { ConfigError, configProblems } from '../common/config.js';
 import { readFileSync } from 'node:fs';
+import { ConfigError, configProblems, readBoxdKey } from '../common/config.js';
 import { z } from 'zod';
 import { LOG_LEVELS } from '../common/logger.js';
 import { ObjectStoreConfigSchema, objectStoreProblems } from '../common/object-store.js';
@@ -123,18 +123,9 @@ export function snapshotKeys(config: Pick<Config, 'SNAPSHOT_ENCRYPTION_KEY' | 'S
   return keys;
 }
 
-/** The boxd key as bytes, from BOXD_KEY or BOXD_KEY_FILE (read once: rotating it strands running boxes). */
+/** The boxd key as bytes, from BOXD_KEY or BOXD_KEY_FILE. */
 export function boxdKey(config: Pick<Config, 'BOXD_KEY' | 'BOXD_KEY_FILE'>): Buffer {
-  let key = config.BOXD_KEY;
-  if (key === undefined && config.BOXD_KEY_FILE) {
-    try {
-      key = readFileSync(config.BOXD_KEY_FILE, 'utf8').trim();
-    } catch (err) {
-      throw new ConfigError('bridge', [`BOXD_KEY_FILE: cannot read ${config.BOXD_KEY_FILE} (${(err as Error).message})`]);
-    }
-  }
-  if (!key || key.length < 32) throw new ConfigError('bridge', ['BOXD_KEY: must be at least 32 characters']);
-  return Buffer.from(key, 'utf8');
+  return readBoxdKey('bridge', config.BOXD_KEY, config.BOXD_KEY_FILE);
 }
 
 /** Express's trust proxy setting from TRUST_PROXY ("false", "true", a hop count or a list). */

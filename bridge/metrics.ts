@@ -8,7 +8,10 @@ export interface BridgeMetrics {
   boxesActive: Gauge;
   boxesLimit: Gauge;
   healthy: Gauge;
-  boxesCreated: Counter;
+  boxesCreated: Counter<'path'>;
+  createDuration: Histogram<'path'>;
+  warmMisses: Counter;
+  warmReady: Gauge;
   rateLimited: Counter<'reason'>;
   tokenRequests: Counter<'token' | 'status'>;
   authFailures: Counter<'reason'>;
@@ -23,6 +26,8 @@ export interface BridgeMetrics {
 export interface MetricsState {
   /** The pool's global box cap (maxBoxes), which `kubectl edit sbp` can change. */
   maxBoxes?: () => number;
+  /** Warm boxes ready to claim. */
+  warmReady?: () => number;
   /** Whether GET /api/v1/health would say "ok" (caches synced and watching). */
   healthy?: () => boolean;
   /** Names of the bearer tokens this replica accepts now. */
@@ -74,8 +79,29 @@ export function createMetrics(activeBoxes: () => number = () => 0, state: Metric
     }),
     boxesCreated: new Counter({
       name: 'sandbox_bridge_boxes_created_total',
-      help: 'Boxes created by this replica',
+      help: 'Boxes created by this replica, by path: warm (a warm box claimed) or cold (a new pod)',
+      labelNames: ['path'],
       registers: [registry],
+    }),
+    createDuration: new Histogram({
+      name: 'sandbox_bridge_box_create_duration_seconds',
+      help: 'POST /boxes until the box is made, by path (warm: claimed and answering; cold: pod created)',
+      labelNames: ['path'],
+      buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5],
+      registers: [registry],
+    }),
+    warmMisses: new Counter({
+      name: 'sandbox_bridge_warm_misses_total',
+      help: 'Creates of the warm shape that found no warm box to claim and made a new pod',
+      registers: [registry],
+    }),
+    warmReady: new Gauge({
+      name: 'sandbox_bridge_warm_ready',
+      help: "Warm boxes ready to claim in the pool this bridge serves (from the watch cache)",
+      registers: [registry],
+      collect() {
+        if (state.warmReady) this.set(state.warmReady());
+      },
     }),
     rateLimited: new Counter({
       name: 'sandbox_bridge_rate_limited_total',

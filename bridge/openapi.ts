@@ -1,224 +1,184 @@
-// The OpenAPI 3.1 document, generated from the same zod schemas that validate requests.
+// The OpenAPI 3.1 document, generated from the route table (api-routes.ts) and the zod schemas
+// it names: parameters from the schemas the routes parse with, request bodies in their input
+// form, answers in their output form. Schemas exported from schemas.ts become named components.
 import { z } from 'zod';
+import { ERROR_STATUS, type ErrorType } from '../common/errors.js';
+import { API_ROUTES, JSON_TYPE, NDJSON, type ApiRoute, type Content } from './api-routes.js';
+import { requiredScope } from './http/scopes.js';
 import * as S from './schemas.js';
 
-const schema = (s: z.ZodType, io: 'input' | 'output' = 'output') => {
-  const json = z.toJSONSchema(s, { io, unrepresentable: 'any' }) as Record<string, unknown>;
-  delete json.$schema;
-  return json;
-};
+type JsonSchema = Record<string, unknown>;
 
-const jsonBody = (s: z.ZodType) => ({ required: true, content: { 'application/json': { schema: schema(s, 'input') } } });
-const ok = (s: z.ZodType, description = 'OK') => ({ description, content: { 'application/json': { schema: schema(s) } } });
-const errors = (...codes: number[]) =>
-  Object.fromEntries(
-    codes.map((code) => [String(code), { description: 'Error', content: { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } } }]),
+export interface OpenApiOperation {
+  operationId: string;
+  summary: string;
+  description?: string;
+  security: Array<Record<string, string[]>>;
+  parameters?: Array<{ name: string; in: 'path' | 'query' | 'header'; required: boolean; description?: string; schema: JsonSchema }>;
+  requestBody?: { required: boolean; description?: string; content: Record<string, { schema: JsonSchema }> };
+  responses: Record<string, { description: string; content?: Record<string, { schema: JsonSchema }> } | { $ref: string }>;
+  'x-websocket'?: { subprotocol: string; clientTextFrames: JsonSchema; serverTextFrames: JsonSchema };
+}
+
+export interface OpenApiDocument {
+  openapi: '3.1.0';
+  info: { title: string; version: string; description: string };
+  servers: Array<{ url: string }>;
+  security: Array<Record<string, string[]>>;
+  components: {
+    securitySchemes: Record<string, JsonSchema>;
+    schemas: Record<string, JsonSchema>;
+    responses: Record<string, { description: string; headers?: Record<string, JsonSchema>; content: Record<string, { schema: JsonSchema }> }>;
+  };
+  paths: Record<string, Partial<Record<ApiRoute['method'], OpenApiOperation>>>;
+}
+
+const SCHEMA_REF = '#/components/schemas/';
+const RESPONSE_REF = '#/components/responses/';
+
+/** The statuses every route of its kind can answer (api-routes.ts says which). */
+export function errorStatuses(route: ApiRoute): number[] {
+  const statuses = new Set([401, 429, 500, 503, ...(route.errors ?? [])]);
+  if (requiredScope(route.method, route.path) !== undefined) statuses.add(403);
+  if (pathParameterNames(route.path).length) statuses.add(404);
+  if (route.params || route.query || route.headers || route.body) statuses.add(400);
+  if (route.body) statuses.add(413);
+  return [...statuses].sort((a, b) => a - b);
+}
+
+export const pathParameterNames = (path: string) => [...path.matchAll(/\{([^}]+)\}/g)].map((m) => m[1]!);
+
+/** Names of the schemas exported by schemas.ts, so components carry the contract's own names. */
+const NAMES = new Map<unknown, string>(Object.entries(S).flatMap(([name, value]) => (value instanceof z.ZodType ? [[value, name] as const] : [])));
+
+/** Collects the schemas an io direction uses and renders them as components, nested ones by $ref. */
+class Components {
+  private readonly registries = { input: z.registry<{ id: string }>(), output: z.registry<{ id: string }>() };
+
+  ref(schema: z.ZodType, io: 'input' | 'output'): JsonSchema {
+    const name = NAMES.get(schema);
+    if (!name) throw new Error(`a schema in api-routes.ts is not exported from schemas.ts, so the document cannot name it: ${JSON.stringify(z.toJSONSchema(schema, { unrepresentable: 'any' })).slice(0, 120)}`);
+    if (!this.registries[io].has(schema)) this.registries[io].add(schema, { id: name });
+    return { $ref: SCHEMA_REF + name };
+  }
+
+  render(): Record<string, JsonSchema> {
+    const out: Record<string, JsonSchema> = {};
+    for (const io of ['input', 'output'] as const) {
+      const { schemas } = z.toJSONSchema(this.registries[io], { io, unrepresentable: 'any', uri: (id) => SCHEMA_REF + id });
+      for (const [name, rendered] of Object.entries(schemas)) {
+        const { $schema: _schema, $id: _id, ...schema } = rendered as JsonSchema;
+        // A schema used both as a request and an answer must read the same both ways.
+        if (out[name] && JSON.stringify(out[name]) !== JSON.stringify(schema)) throw new Error(`${name} differs as a request and as an answer; use two schemas`);
+        out[name] = schema;
+      }
+    }
+    return out;
+  }
+}
+
+function content(c: Content, io: 'input' | 'output', components: Components): Record<string, { schema: JsonSchema }> {
+  return Object.fromEntries(
+    Object.entries(c).map(([type, body]) => {
+      const schema = body === 'bytes' ? { type: 'string', format: 'binary' } : body === 'text' ? { type: 'string' } : components.ref(body, io);
+      // NDJSON: the schema is that of each line.
+      return [type, { schema: type === NDJSON ? { ...schema, description: 'Each line of the stream' } : schema }];
+    }),
   );
-const common = errors(401, 429, 500, 503);
-const boxId = { name: 'id', in: 'path', required: true, schema: { type: 'string' }, description: 'Box id (the pod name)' };
-const query = (name: string, description: string, type = 'string', required = false) => ({ name, in: 'query', required, schema: { type }, description });
-const processId = { name: 'pid', in: 'path', required: true, schema: { type: 'string' }, description: 'process_id from POST /boxes/{id}/processes' };
-const snapshotId = { name: 'snapshotId', in: 'path', required: true, schema: { type: 'string' }, description: 'snapshot_id from POST /boxes/{id}/snapshots' };
-const ndjson = (description: string) => ({ description, content: { 'application/x-ndjson': { schema: schema(S.OutputLine) } } });
-const fileParams = [
-  boxId,
-  { name: 'path', in: 'query', required: true, schema: { type: 'string' }, description: 'File path; relative paths resolve under /workspace' },
-  { name: 'base64', in: 'query', required: false, schema: { type: 'boolean' }, description: 'Content as base64' },
-];
+}
 
-export function openApiDocument(version: string) {
+function parameters(route: ApiRoute): NonNullable<OpenApiOperation['parameters']> {
+  const declared = route.params ? Object.keys(route.params.shape) : [];
+  const named = pathParameterNames(route.path);
+  if (declared.join() !== named.join()) throw new Error(`${route.operationId}: path ${route.path} names {${named.join('}, {')}}, its params schema ${declared.join(', ') || 'nothing'}`);
+  const from = (object: z.ZodObject | undefined, where: 'path' | 'query' | 'header') => {
+    if (!object) return [];
+    const json = z.toJSONSchema(object, { io: 'input', unrepresentable: 'any' }) as { properties?: Record<string, JsonSchema>; required?: string[] };
+    return Object.entries(json.properties ?? {}).map(([name, property]) => {
+      const { description, ...schema } = property;
+      return {
+        name,
+        in: where,
+        required: where === 'path' || (json.required ?? []).includes(name),
+        ...(typeof description === 'string' ? { description } : {}),
+        schema,
+      };
+    });
+  };
+  return [...from(route.params, 'path'), ...from(route.query, 'query'), ...from(route.headers, 'header')];
+}
+
+function operation(route: ApiRoute, components: Components): OpenApiOperation {
+  const scope = requiredScope(route.method, route.path);
+  const params = parameters(route);
+  const op: OpenApiOperation = {
+    operationId: route.operationId,
+    summary: route.summary,
+    ...(route.description ? { description: route.description } : {}),
+    // Role names on an http scheme are allowed by OpenAPI 3.1: the token scope the route needs.
+    security: [{ bearer: scope ? [scope] : [] }],
+    ...(params.length ? { parameters: params } : {}),
+    ...(route.body
+      ? { requestBody: { required: route.body.required, ...(route.body.description ? { description: route.body.description } : {}), content: content(route.body.content, 'input', components) } }
+      : {}),
+    responses: {
+      ...Object.fromEntries(
+        Object.entries(route.responses).map(([status, r]) => [status, { description: r.description, ...(r.content ? { content: content(r.content, 'output', components) } : {}) }]),
+      ),
+      ...Object.fromEntries(errorStatuses(route).map((status) => [String(status), { $ref: `${RESPONSE_REF}Error${status}` }])),
+    },
+  };
+  if (route.websocket) {
+    op['x-websocket'] = {
+      subprotocol: route.websocket.subprotocol,
+      clientTextFrames: components.ref(route.websocket.fromClient, 'output'),
+      serverTextFrames: components.ref(route.websocket.fromServer, 'output'),
+    };
+  }
+  return op;
+}
+
+function errorResponses(): OpenApiDocument['components']['responses'] {
+  const byStatus = new Map<number, ErrorType[]>();
+  for (const [type, status] of Object.entries(ERROR_STATUS) as Array<[ErrorType, number]>) byStatus.set(status, [...(byStatus.get(status) ?? []), type]);
+  const retryAfter = { 'Retry-After': { description: 'Seconds to wait before trying again', schema: { type: 'integer', minimum: 0 } } };
+  return Object.fromEntries(
+    [...byStatus].map(([status, types]) => [
+      `Error${status}`,
+      {
+        description: `Error: ${types.join(' or ')}`,
+        ...(status === 429 || status === 503 ? { headers: retryAfter } : {}),
+        content: { [JSON_TYPE]: { schema: { $ref: `${SCHEMA_REF}ErrorBody` } } },
+      },
+    ]),
+  );
+}
+
+export function openApiDocument(version: string, routes: ApiRoute[] = API_ROUTES): OpenApiDocument {
+  const components = new Components();
+  components.ref(S.ErrorBody, 'output');
+  const paths: OpenApiDocument['paths'] = {};
+  for (const route of routes) {
+    const item = (paths[route.path] ??= {});
+    if (item[route.method]) throw new Error(`${route.method.toUpperCase()} ${route.path} is in the route table twice`);
+    item[route.method] = operation(route, components);
+  }
   return {
     openapi: '3.1.0',
     info: {
       title: 'sandbox-bridge',
       version,
-      description: 'Disposable, locked-down sandbox pods ("boxes") for AI-agent runtimes. Every route needs Authorization: Bearer <token>.',
+      description:
+        'Disposable, locked-down sandbox pods ("boxes") for AI-agent runtimes. Every route needs Authorization: Bearer <token>; ' +
+        "each operation's security lists the token scope it needs (none: any valid token).",
     },
     servers: [{ url: '/api/v1' }],
     security: [{ bearer: [] }],
     components: {
       securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } },
-      schemas: { Error: schema(S.ErrorBody) },
+      schemas: components.render(),
+      responses: errorResponses(),
     },
-    paths: {
-      '/health': { get: { summary: 'Health and version info', responses: { '200': ok(S.Health), ...common } } },
-      '/cluster/info': { get: { summary: 'Cluster metadata', responses: { '200': ok(S.ClusterInfo), ...common } } },
-      '/cluster/nodes': { get: { summary: 'Node list', responses: { '200': ok(S.NodeList), ...common } } },
-      '/cluster/capacity': {
-        get: { summary: 'Requested and allocatable resources of the nodes boxes can run on, and the pool headroom', responses: { '200': ok(S.ClusterCapacity), ...common } },
-      },
-      '/sandboxes': {
-        get: {
-          summary: 'Boxes in the sandbox namespace, oldest first; optionally filtered and paged',
-          parameters: Object.entries(S.SandboxesQuery.shape).map(([name, field]) => ({
-            name,
-            in: 'query',
-            required: false,
-            schema: schema(field.unwrap(), 'input'),
-            description: field.description,
-          })),
-          responses: { '200': ok(S.SandboxList), ...errors(400), ...common },
-        },
-      },
-      '/sandboxes/metrics': {
-        get: { summary: 'Box resource usage (needs metrics-server)', responses: { '200': ok(S.PodMetricsList), ...common } },
-      },
-      '/sandboxes/{podName}/logs': {
-        get: {
-          summary: 'Box logs (text/plain)',
-          parameters: [
-            { name: 'podName', in: 'path', required: true, schema: { type: 'string' } },
-            { name: 'tailLines', in: 'query', required: false, schema: { type: 'integer', minimum: 0 } },
-          ],
-          responses: { '200': { description: 'Log text', content: { 'text/plain': { schema: { type: 'string' } } } }, ...errors(400, 404), ...common },
-        },
-      },
-      '/boxes': {
-        post: {
-          summary: 'Create a box (Idempotency-Key header: the same key within 24 h returns the same box); with snapshot_id, a fork of that snapshot (501 without an object store)',
-          parameters: [{ name: 'Idempotency-Key', in: 'header', required: false, schema: { type: 'string', maxLength: 255 } }],
-          requestBody: jsonBody(S.CreateBoxRequest),
-          responses: { '201': ok(S.BoxCreated, 'Created'), ...errors(400, 403, 404, 413, 501), ...common },
-        },
-      },
-      '/boxes/{id}': {
-        delete: {
-          summary: "Destroy a box; with a final snapshot (snapshot=true, or the pool's snapshots.onDelete) only once the snapshot is stored",
-          parameters: [boxId, query('snapshot', "Take a final snapshot first (default: the pool's snapshots.onDelete)", 'boolean')],
-          responses: { '200': ok(S.BoxDeleted), ...errors(400, 404, 501), ...common },
-        },
-      },
-      '/boxes/{id}/snapshots': {
-        post: {
-          summary: "Snapshot the box: its /workspace (compressed tar) and env, into the object store (501 without one)",
-          parameters: [boxId],
-          requestBody: { ...jsonBody(S.CreateSnapshotRequest), required: false },
-          responses: { '201': ok(S.Snapshot, 'Created'), ...errors(400, 404, 409, 501), ...common },
-        },
-      },
-      '/snapshots': {
-        get: {
-          summary: "A session's snapshots, newest first",
-          parameters: [query('session_id', 'The session', 'string', true), query('limit', 'At most this many (1-100, default 100)', 'integer')],
-          responses: { '200': ok(S.SnapshotList), ...errors(400, 501), ...common },
-        },
-      },
-      '/snapshots/{snapshotId}': {
-        get: { summary: 'One snapshot (never its env)', parameters: [snapshotId], responses: { '200': ok(S.Snapshot), ...errors(400, 404, 501), ...common } },
-        delete: { summary: 'Delete a snapshot', parameters: [snapshotId], responses: { '200': ok(S.SnapshotDeleted), ...errors(400, 404, 501), ...common } },
-      },
-      '/boxes/{id}/status': {
-        get: { summary: 'Box status', parameters: [boxId], responses: { '200': ok(S.BoxStatus), ...errors(404), ...common } },
-      },
-      '/boxes/{id}/exec': {
-        post: {
-          summary: 'Run a command (sh -c) in the box; with Accept: application/x-ndjson the output streams as it comes',
-          parameters: [boxId],
-          requestBody: jsonBody(S.ExecRequest),
-          responses: {
-            '200': { description: 'The result, or with Accept: application/x-ndjson a stream of lines', content: { 'application/json': { schema: schema(S.ExecResult) }, 'application/x-ndjson': { schema: schema(S.OutputLine) } } },
-            ...errors(400, 404, 409),
-            ...common,
-          },
-        },
-      },
-      '/boxes/{id}/processes': {
-        post: {
-          summary: 'Start a background process',
-          parameters: [boxId],
-          requestBody: jsonBody(S.StartProcessRequest),
-          responses: { '201': ok(S.ProcessInfo, 'Started'), ...errors(400, 404, 409), ...common },
-        },
-        get: { summary: 'Background processes, running first', parameters: [boxId], responses: { '200': ok(S.ProcessList), ...errors(404), ...common } },
-      },
-      '/boxes/{id}/processes/{pid}': {
-        get: { summary: 'One background process', parameters: [boxId, processId], responses: { '200': ok(S.ProcessInfo), ...errors(404), ...common } },
-      },
-      '/boxes/{id}/processes/{pid}/output': {
-        get: {
-          summary: 'Output from an offset (replay), then with follow=true as it comes until the process exits',
-          parameters: [boxId, processId, query('since', 'Byte offset to start from', 'integer'), query('follow', 'Keep streaming', 'boolean')],
-          responses: { '200': ndjson('Output lines with offsets, then exit once the process ended'), ...errors(400, 404), ...common },
-        },
-      },
-      '/boxes/{id}/processes/{pid}/stdin': {
-        post: {
-          summary: "Write to the process's standard input (raw body); eof=true closes it afterwards",
-          parameters: [boxId, processId, query('eof', 'Close stdin after this write', 'boolean')],
-          requestBody: { required: false, content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } },
-          responses: { '200': ok(S.StdinWritten), ...errors(404, 409, 413), ...common },
-        },
-      },
-      '/boxes/{id}/processes/{pid}/signal': {
-        post: {
-          summary: "Signal the process's group",
-          parameters: [boxId, processId],
-          requestBody: jsonBody(S.SignalRequest),
-          responses: { '200': ok(S.ProcessInfo), ...errors(400, 404, 409), ...common },
-        },
-      },
-      '/boxes/{id}/pty': {
-        get: {
-          summary: 'Interactive terminal (WebSocket upgrade; subprotocol sandbox-bridge.pty.v1). Binary frames: terminal bytes; text frames: {"type":"resize","cols","rows"} or {"type":"eof"}; the bridge sends {"type":"exit","exit_code"} when the shell ends',
-          parameters: [boxId, query('cols', 'Columns (default 80)', 'integer'), query('rows', 'Rows (default 24)', 'integer')],
-          responses: { '101': { description: 'Switching to WebSocket' }, ...errors(400, 404, 409), ...common },
-        },
-      },
-      '/boxes/{id}/files/list': {
-        get: {
-          summary: 'Directory listing (symlinks listed, not followed)',
-          parameters: [boxId, query('path', 'Directory (default /workspace)'), query('recursive', 'Walk subdirectories', 'boolean'), query('limit', 'At most this many entries', 'integer')],
-          responses: { '200': ok(S.FileList), ...errors(400, 403, 404), ...common },
-        },
-      },
-      '/boxes/{id}/archive': {
-        get: {
-          summary: 'A tar (gzip=true: tar.gz) of a directory or file, streamed',
-          parameters: [boxId, query('path', 'Directory or file (default /workspace)'), query('gzip', 'Compress', 'boolean')],
-          responses: {
-            '200': { description: 'tar stream', content: { 'application/x-tar': { schema: { type: 'string', format: 'binary' } }, 'application/gzip': { schema: { type: 'string', format: 'binary' } } } },
-            ...errors(400, 403, 404),
-            ...common,
-          },
-        },
-        put: {
-          summary: 'Extract a tar or tar.gz into a directory (created if missing); all or nothing; escaping entries, links out, devices refused',
-          parameters: [boxId, query('path', 'Target directory (default /workspace)')],
-          requestBody: { required: true, content: { 'application/x-tar': { schema: { type: 'string', format: 'binary' } }, 'application/gzip': { schema: { type: 'string', format: 'binary' } } } },
-          responses: { '200': ok(S.ArchiveWritten), ...errors(400, 403, 404, 413), ...common },
-        },
-      },
-      '/boxes/{id}/files': {
-        get: {
-          summary: 'Read a file: JSON, or the raw bytes with Accept: application/octet-stream',
-          parameters: fileParams,
-          responses: {
-            '200': { description: 'OK', content: { 'application/json': { schema: schema(S.FileRead) }, 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } },
-            ...errors(400, 403, 404, 413),
-            ...common,
-          },
-        },
-        delete: {
-          summary: 'Delete a file or (recursive=true) a directory tree',
-          parameters: [boxId, query('path', 'File or directory', 'string', true), query('recursive', 'Delete a non-empty directory', 'boolean')],
-          responses: { '200': ok(S.FileDeleted), ...errors(400, 403, 404, 409), ...common },
-        },
-        put: {
-          summary: 'Write a file (body is the raw content, or base64 text with base64=true)',
-          parameters: fileParams,
-          requestBody: { required: true, content: { 'text/plain': { schema: { type: 'string' } }, 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } },
-          responses: { '200': ok(S.FileWritten), ...errors(400, 403, 404, 413), ...common },
-        },
-      },
-      '/boxes/{id}/env': {
-        post: {
-          summary: 'Set environment variables for later execs',
-          parameters: [boxId],
-          requestBody: jsonBody(S.SetEnvRequest),
-          responses: { '200': ok(S.EnvUpdated), ...errors(400, 404, 413), ...common },
-        },
-      },
-      '/openapi.json': { get: { summary: 'This document', responses: { '200': { description: 'OpenAPI 3.1 document' } } } },
-    },
+    paths,
   };
 }

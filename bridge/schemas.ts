@@ -16,6 +16,24 @@ const EnvVars = z
 
 const Workdir = z.string().min(1).max(4096).default('/workspace').describe('Relative paths resolve under /workspace');
 
+// ---- path and header parameters (the routes read them as strings; these describe them) ----
+
+/** Box ids are pod names: DNS labels. Anything else is refused (400) before the cluster is asked. */
+export const BOX_ID = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+export const BoxParams = z.object({ id: z.string().regex(BOX_ID).describe('box_id of the box') });
+export const ProcessParams = BoxParams.extend({ pid: z.string().min(1).describe('process_id from POST /boxes/{id}/processes') });
+export const SnapshotParams = z.object({ id: z.string().min(1).max(128).describe('snapshot_id from POST /boxes/{id}/snapshots') });
+export const PodParams = z.object({ podName: z.string().regex(BOX_ID).describe('Name of a box pod (GET /sandboxes lists them)') });
+
+export const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
+export const CreateBoxHeaders = z.object({
+  'Idempotency-Key': z
+    .string()
+    .regex(IDEMPOTENCY_KEY, 'Idempotency-Key must be 1-255 visible ASCII characters')
+    .optional()
+    .describe('The same key (and session) within 24 h answers with the box the first request made'),
+});
+
 // ---- requests ----
 
 export const CreateBoxRequest = z
@@ -104,12 +122,12 @@ export const StdinQuery = z.object({ eof: booleanQuery.describe('Close the proce
 
 export const FileListQuery = z.object({
   path: z.string().min(1).max(4096).default('.').describe('Directory; relative paths resolve under /workspace'),
-  recursive: booleanQuery,
+  recursive: booleanQuery.describe('Walk subdirectories too'),
   limit: z.coerce.number().int().min(1).max(100_000).default(10_000).describe('At most this many entries (then truncated: true)'),
 });
 
 export const FileDeleteQuery = z.object({
-  path: z.string().min(1, 'path is required').max(4096),
+  path: z.string().min(1, 'path is required').max(4096).describe('File or directory; relative paths resolve under /workspace'),
   recursive: booleanQuery.describe('Delete a non-empty directory and everything in it'),
 });
 
@@ -119,9 +137,14 @@ export const ArchiveQuery = z.object({
 });
 
 export const PtyQuery = z.object({
-  cols: z.coerce.number().int().min(1).max(1000).default(80),
-  rows: z.coerce.number().int().min(1).max(1000).default(24),
+  cols: z.coerce.number().int().min(1).max(1000).default(80).describe('Terminal width'),
+  rows: z.coerce.number().int().min(1).max(1000).default(24).describe('Terminal height'),
 });
+
+/** The subprotocol of the terminal WebSocket. */
+export const PTY_PROTOCOL = 'sandbox-bridge.pty.v1';
+/** `sandbox-bridge.bearer.<base64url token>`: the token as a second subprotocol, for WebSocket clients that cannot set headers. */
+export const BEARER_PROTOCOL_PREFIX = 'sandbox-bridge.bearer.';
 
 export const PtyResize = z.object({
   type: z.literal('resize'),
@@ -129,10 +152,15 @@ export const PtyResize = z.object({
   rows: z.number().int().min(1).max(1000),
 });
 
+/** A text frame the caller sends on the terminal WebSocket. */
+export const PtyControl = z.discriminatedUnion('type', [PtyResize, z.object({ type: z.literal('eof').describe("Close the terminal's input") })]);
+/** The text frame the bridge sends when the shell has ended. */
+export const PtyExit = z.object({ type: z.literal('exit'), exit_code: z.number().int() });
+
 export const SetEnvRequest = z.object({ envVars: EnvVars }).strict();
 
 export const FileQuery = z.object({
-  path: z.string().min(1, 'path is required').max(4096),
+  path: z.string().min(1, 'path is required').max(4096).describe('File; relative paths resolve under /workspace'),
   base64: booleanQuery.describe('true: content is base64 (GET returns it so; PUT body is base64 text)'),
 });
 
@@ -259,7 +287,7 @@ export const FileDeleted = z.object({ path: z.string(), deleted: z.boolean() });
 export const ArchiveWritten = z.object({ path: z.string(), entries: z.number().int(), bytes: z.number().int() });
 
 /** One line of a streamed exec or process output (application/x-ndjson). */
-export const OutputLine = z.union([
+export const OutputLine = z.discriminatedUnion('type', [
   z.object({ type: z.literal('start'), offset: z.number().int(), dropped: z.number().int() }),
   z.object({ type: z.enum(['stdout', 'stderr']), data: z.string(), offset: z.number().int().optional() }),
   z.object({
@@ -310,7 +338,8 @@ export const NodeList = z.object({
 export const SandboxList = z.object({
   sandboxes: z.array(
     z.object({
-      name: z.string(),
+      name: z.string().describe('The pod serving the box'),
+      box_id: z.string().describe('The box id (equal to name unless the box was a warm box when claimed)'),
       namespace: z.string(),
       status: z.string(),
       node: z.string(),
@@ -359,6 +388,13 @@ export const PodMetricsList = z.object({
       window_seconds: z.number(),
     }),
   ),
+});
+
+/** GET /openapi.json: what a client relies on; the rest is OpenAPI 3.1. */
+export const OpenApiDocumentBody = z.looseObject({
+  openapi: z.literal('3.1.0'),
+  info: z.looseObject({ title: z.string(), version: z.string() }),
+  paths: z.record(z.string(), z.record(z.string(), z.unknown())),
 });
 
 export const ErrorBody = z.object({

@@ -18,7 +18,7 @@ import { admitUpgrade } from './http/auth.js';
 import { terminalUpgrades } from './http/terminals.js';
 import { createTokenSource } from './http/tokens.js';
 import { BoxCache } from './kube/box-cache.js';
-import { BoxSecrets } from './kube/box-secrets.js';
+import { BoxRecords } from './kube/box-records.js';
 import { instrumentedCall } from './kube/instrument.js';
 import { NodeCache } from './kube/node-cache.js';
 import { PodRequestsCache } from './kube/pod-requests.js';
@@ -96,6 +96,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     maxBoxes: () => policy.current().maxBoxes,
     healthy: () => cache.isHealthy() && policy.isHealthy(),
     tokenNames: () => tokens.names(),
+    warmReady: () => cache.warmReadyCount(policy.poolName),
   });
   await startWithin(cache.start(), config.STARTUP_TIMEOUT_MS, `the box watch in namespace ${namespace}`);
 
@@ -110,20 +111,25 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const health = new ApiHealth({ probe: apiServerProbe(kc), probeTimeoutMs: config.KUBE_PROBE_TIMEOUT_MS, log });
   const core = makeApiClient(kc, k8s.CoreV1Api, config.KUBE_TIMEOUT_MS, { health });
   const key = boxdKey(config);
-  const secrets = new BoxSecrets(core, call, namespace);
+  const records = new BoxRecords(core, call, namespace);
+  const boxd = new BoxdClient({ connectTimeoutMs: config.BOXD_CONNECT_TIMEOUT_MS });
   const boxes = new BoxService({
     core,
     call,
     cache,
     policy,
-    secrets,
+    records,
+    boxd,
     boxdKey: key,
     boxdImage: config.BOXD_IMAGE,
     namespace,
     namePrefix: config.BOX_NAME_PREFIX,
-    onCreated: () => metrics.boxesCreated.inc(),
+    onCreated: (path, seconds) => {
+      metrics.boxesCreated.inc({ path });
+      metrics.createDuration.observe({ path }, seconds);
+    },
+    onWarmMiss: () => metrics.warmMisses.inc(),
   });
-  const boxd = new BoxdClient({ connectTimeoutMs: config.BOXD_CONNECT_TIMEOUT_MS });
   const connector = new BoxConnector({ boxes, cache, boxd, key, namespace, startTimeoutMs: config.BOX_START_TIMEOUT_MS });
   const exec = new ExecService({
     connector,
@@ -142,7 +148,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     archiveMaxEntries: config.ARCHIVE_MAX_ENTRIES,
   });
   const processes = new ProcessService({ connector, boxd, maxProcessesPerBox: config.MAX_PROCESSES_PER_BOX });
-  const env = new EnvService({ connector, boxd, secrets });
+  const env = new EnvService({ connector, boxd, records });
   const store = objectStoreFrom(config);
   const sealKeys = snapshotKeys(config);
   const snapshots = new SnapshotService({
@@ -150,7 +156,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     boxd,
     boxes,
     env,
-    secrets,
+    records,
     policy,
     store,
     sealer: sealKeys.length ? new EnvSealer(sealKeys) : undefined,

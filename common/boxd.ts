@@ -1,7 +1,7 @@
 // boxd, the in-box agent: what bridge and operator both need to know about it (where it
 // listens, where the box pod gets it from, and the per-box credential). The wire protocol
 // itself is known only to bridge/boxd/ (contract: boxd/PROTOCOL.md).
-import { createHmac } from 'node:crypto';
+import { createHmac, randomBytes } from 'node:crypto';
 
 /** The one port boxd listens on in every box. The box NetworkPolicy admits only bridge pods to it. */
 export const BOXD_PORT = 7771;
@@ -23,12 +23,21 @@ export const BOX_SECRET_KEYS = {
 /** Pod annotation: the boxd protocol version a box was created with; boxes without it predate boxd. */
 export const BOXD_VERSION_ANNOTATION = 'sandbox-bridge.io/boxd';
 export const BOXD_PROTOCOL_VERSION = 'v1';
+/** Pod annotation: the random value the pod's credential is derived from (not a secret itself). */
+export const BOXD_NONCE_ANNOTATION = 'sandbox-bridge.io/boxd-nonce';
+
+/** A fresh nonce for a new box pod. */
+export function newNonce(): string {
+  return randomBytes(16).toString('hex');
+}
 
 /**
- * The credential of one box: HMAC-SHA256 of its identity under a key only bridge and operator
- * hold. Any replica derives it without an API call; it changes with the pod UID, so a box
- * recreated under the same name never accepts the old one's token.
+ * The credential of one box pod: HMAC-SHA256 of its identity under a key only bridge and
+ * operator hold. Any replica derives it without an API call. The nonce is chosen before the pod
+ * exists, so the Secret carrying the credential can be made first (the kubelet then never waits
+ * for it); every pod gets a new one, so a box recreated under the same name never accepts the
+ * old one's token.
  */
-export function boxdToken(key: string | Buffer, namespace: string, pod: string, uid: string): string {
-  return createHmac('sha256', key).update(`boxd-token:v1:${namespace}/${pod}/${uid}`).digest('hex');
+export function boxdToken(key: string | Buffer, namespace: string, pod: string, nonce: string): string {
+  return createHmac('sha256', key).update(`boxd-token:v1:${namespace}/${pod}/${nonce}`).digest('hex');
 }

@@ -1,5 +1,6 @@
 // Configuration errors of both programs: every problem in one message, one line each, and a
 // start-up that exits with status 2 on them instead of a stack trace.
+import { readFileSync } from 'node:fs';
 import type { ZodError } from 'zod';
 
 export class ConfigError extends Error {
@@ -23,4 +24,21 @@ export function loadOrExit<T>(load: () => T, prefix: string): T {
     process.stderr.write(`${prefix}${err.message}\n`);
     process.exit(2);
   }
+}
+
+/**
+ * The key box credentials are derived from (common/boxd.ts), from its variable or a file (a
+ * mounted Secret), at least 32 characters. Read once: changing it strands every running box.
+ */
+export function readBoxdKey(program: string, key: string | undefined, file: string | undefined): Buffer {
+  let value = key;
+  if (value === undefined && file) {
+    try {
+      value = readFileSync(file, 'utf8').trim();
+    } catch (err) {
+      throw new ConfigError(program, [`BOXD_KEY_FILE: cannot read ${file} (${(err as Error).message})`]);
+    }
+  }
+  if (!value || value.length < 32) throw new ConfigError(program, ['BOXD_KEY: must be at least 32 characters']);
+  return Buffer.from(value, 'utf8');
 }

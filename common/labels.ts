@@ -7,8 +7,12 @@ export const MANAGED_BY = 'sandbox-bridge';
 export const LABELS = {
   managedBy: 'app.kubernetes.io/managed-by',
   component: 'app.kubernetes.io/component',
-  /** Every box pod (and its env Secret) carries `sandbox-bridge.io/box=true`. */
+  /** Every box pod, warm pod and box Secret carries `sandbox-bridge.io/box=true`. */
   box: `${API_GROUP}/box`,
+  /** On a session's box pod: the box id (also the name of the box's record Secret). */
+  boxId: `${API_GROUP}/box-id`,
+  /** On a warm pod not yet claimed: the pool it was made for. */
+  warm: `${API_GROUP}/warm`,
   /** Name of the SandboxPool a box or child object belongs to. */
   pool: `${API_GROUP}/pool`,
   /** Session ids are free-form, so pods carry a hash of it: `kubectl get pods -l sandbox-bridge.io/session=<hash>`. */
@@ -25,6 +29,18 @@ export const ANNOTATIONS = {
   /** RFC 3339 instant after which the operator deletes the box. */
   expiresAt: `${API_GROUP}/expires-at`,
   ttlSeconds: `${API_GROUP}/ttl-seconds`,
+  /** RFC 3339 instant the box was made: its pod's creation, or the claim of a warm pod. */
+  createdAt: `${API_GROUP}/created-at`,
+  /** On a warm pod: the digest of the template it was made from (common/box-pod.ts). */
+  warmTemplate: `${API_GROUP}/warm-template`,
+} as const;
+
+/** app.kubernetes.io/component values of the Secrets boxes use. */
+export const SECRET_COMPONENTS = {
+  /** A box's record, named after the box: the session slot it holds, its env, a cold pod's credential. */
+  record: 'box-record',
+  /** A warm pod's own credential (and empty env), owned by the pod. */
+  credential: 'box-credential',
 } as const;
 
 /** Label selector matching every box pod. */
@@ -44,9 +60,15 @@ export function boxName(prefix: string, sessionId: string, slot: number): string
   return `${prefix}-${sessionHash(sessionId)}-${slot}`;
 }
 
-const BOX_SECRET_SUFFIX = '-secret';
+/**
+ * Name of a box's record Secret: the box id itself. Creating it is what takes the session's slot,
+ * atomically, whether the box then gets a new pod or claims a warm one.
+ */
+export function boxRecordName(boxId: string): string {
+  return boxId;
+}
 
-/** Name of a box's Secret: boxd's credential and the durable copy of the box's env. */
-export function boxSecretName(boxId: string): string {
-  return `${boxId}${BOX_SECRET_SUFFIX}`;
+/** Name of a warm pod's own credential Secret. */
+export function warmCredentialName(pod: string): string {
+  return `${pod}-boxd`;
 }

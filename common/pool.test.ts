@@ -46,7 +46,7 @@ test('the CRD defaults every field POOL_DEFAULTS has, to the same value, and not
 test("the chart's values seed the default pool with POOL_DEFAULTS", () => {
   const values = load(readFileSync(join(CHART, 'values.yaml'), 'utf8')) as Record<string, Record<string, unknown>>;
   const box = values.box!;
-  const pool = values.pool! as Record<string, unknown> & { egress: Record<string, unknown> };
+  const pool = values.pool! as Record<string, unknown> & { egress: Record<string, unknown>; warm: Record<string, unknown> };
   // Where templates/sandboxpool.yaml takes each spec field from.
   const seeded: Record<string, unknown> = {
     podSecurityLevel: pool.podSecurityLevel,
@@ -67,6 +67,10 @@ test("the chart's values seed the default pool with POOL_DEFAULTS", () => {
     'egress.dns.namespace': (pool.egress.dns as Record<string, unknown>).namespace,
     'egress.dns.podLabels': (pool.egress.dns as Record<string, unknown>).podLabels,
     'egress.dns.cidrs': (pool.egress.dns as Record<string, unknown>).cidrs,
+    'snapshots.retentionSeconds': (pool.snapshots as Record<string, unknown>).retentionSeconds,
+    'snapshots.onDelete': (pool.snapshots as Record<string, unknown>).onDelete,
+    'warm.count': (pool.warm as Record<string, unknown>).count,
+    'warm.windowSeconds': (pool.warm as Record<string, unknown>).windowSeconds,
   };
   // The chart leaves these to the CRD's defaults, or (the bridge) sets them from the release.
   const notSeeded = ['box.workspaceSizeLimit', 'box.tmpSizeLimit', 'bridge.namespace', 'bridge.podLabels'];

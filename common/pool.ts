@@ -53,6 +53,23 @@ export interface DnsPeers {
   cidrs: string[];
 }
 
+/**
+ * Warm boxes: pods of the pool's default shape, started ahead and answering, that a create of
+ * that shape claims instead of waiting for a new pod.
+ */
+export interface WarmPolicy {
+  /** Ready warm boxes to keep; 0 turns warm boxes off. With `max` above it, the minimum. */
+  count: number;
+  /** When above `count`: keep as many as were claimed in the last `windowSeconds`, up to this. */
+  max?: number;
+  /** The window of recent claims that sizes the pool between count and max. */
+  windowSeconds: number;
+  /** While warm boxes are replaced (a template change), at least this many stay ready (default: count). */
+  minAvailable?: number;
+  /** Runtime class of the warm boxes (must be allowed); a create names it to be served warm. */
+  runtimeClassName?: string;
+}
+
 /** Where the bridge pods run: the only peers a box admits, and only to boxd's port. */
 export interface BridgePeers {
   namespace: string;
@@ -86,6 +103,7 @@ export interface SandboxPoolSpec {
   egress: EgressPolicy;
   bridge: BridgePeers;
   snapshots: SnapshotPolicy;
+  warm: WarmPolicy;
 }
 
 export interface SandboxPoolStatus {
@@ -93,6 +111,9 @@ export interface SandboxPoolStatus {
   conditions?: V1Condition[];
   activeBoxes?: number;
   totalBoxesCreated?: number;
+  /** Warm boxes ready to claim, and how many the operator keeps now. */
+  warmReady?: number;
+  warmDesired?: number;
   /**
    * Written by the operator: the newest box creation already counted into totalBoxesCreated
    * (creationTimestamp, second resolution, and the UIDs counted within that second), so a
@@ -112,7 +133,7 @@ export interface SandboxPool {
 /**
  * A published runtime base image, fully qualified (registry, repository, tag) so that no node's
  * short-name or mirror setting resolves it to something else: Debian slim with sh and coreutils,
- * and Python, what agents most often run. Pin a digest or a mirror in production (README).
+ * and Python, what agents most often run. Pin a digest or a mirror in production (docs/operator.md).
  */
 export const DEFAULT_BOX_IMAGE = 'docker.io/library/python:3.13-slim-bookworm';
 
@@ -161,14 +182,16 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
   },
   // The agent platform's default backup retention (7 days).
   snapshots: { retentionSeconds: 7 * 24 * 3600, onDelete: false },
+  warm: { count: 0, windowSeconds: 60 },
 };
 
 /** A spec with every field the CRD defaults filled in. */
-export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge' | 'snapshots'>> & {
+export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge' | 'snapshots' | 'warm'>> & {
   namespace: string;
   egress?: Partial<Omit<EgressPolicy, 'dns'>> & { dns?: Partial<DnsPeers> };
   bridge?: Partial<BridgePeers>;
   snapshots?: Partial<SnapshotPolicy>;
+  warm?: Partial<WarmPolicy>;
 };
 
 export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
@@ -179,5 +202,6 @@ export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
     egress: { ...POOL_DEFAULTS.egress, ...spec.egress, dns: { ...POOL_DEFAULTS.egress.dns, ...spec.egress?.dns } },
     bridge: { ...POOL_DEFAULTS.bridge, ...spec.bridge },
     snapshots: { ...POOL_DEFAULTS.snapshots, ...spec.snapshots },
+    warm: { ...POOL_DEFAULTS.warm, ...spec.warm },
   };
 }

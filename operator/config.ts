@@ -1,6 +1,6 @@
 // Operator configuration from the environment, validated up front so a bad value stops the
 // process with a message naming the variable instead of failing later.
-import { ConfigError, configProblems } from '../common/config.js';
+import { ConfigError, configProblems, readBoxdKey } from '../common/config.js';
 import { existsSync, readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
@@ -53,12 +53,21 @@ export const ConfigSchema = z.object({
    */
   SNAPSHOT_SWEEP_SECONDS: positiveInt.default(300),
   SNAPSHOT_INCOMPLETE_GRACE_SECONDS: positiveInt.default(3600),
+  /**
+   * Warm boxes: the boxd image their init container installs from and the key their credentials
+   * derive from — the same as the bridge's. Without them the operator keeps no warm boxes.
+   */
+  BOXD_IMAGE: z.string().min(1).optional(),
+  BOXD_KEY: z.string().optional(),
+  BOXD_KEY_FILE: z.string().min(1).optional(),
 }).extend(ObjectStoreConfigSchema.shape);
 
 export type OperatorConfig = z.infer<typeof ConfigSchema> & {
   identity: string;
   /** From WEBHOOKS_FILE and WEBHOOK_SIGNING_KEY_FILE, read and checked at start-up. */
   webhooks: { endpoints: WebhookEndpoint[]; signingKey?: string };
+  /** From BOXD_IMAGE and BOXD_KEY(_FILE): what warm boxes need. */
+  boxd?: { image: string; key: Buffer };
 };
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): OperatorConfig {
@@ -71,7 +80,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): OperatorConfig
     throw new ConfigError('operator', ['LEASE_RENEW_SECONDS must be at most half of LEASE_DURATION_SECONDS']);
   }
   // Unique per process even when two replicas share a host name (client-go does the same).
-  return { ...c, identity: `${c.POD_NAME ?? hostname()}_${randomUUID().slice(0, 8)}`, webhooks: readWebhooks(c) };
+  const hasKey = c.BOXD_KEY !== undefined || c.BOXD_KEY_FILE !== undefined;
+  if (Boolean(c.BOXD_IMAGE) !== hasKey) throw new ConfigError('operator', ['BOXD_IMAGE and BOXD_KEY (or BOXD_KEY_FILE): set both, for warm boxes, or neither']);
+  const boxd = c.BOXD_IMAGE ? { image: c.BOXD_IMAGE, key: readBoxdKey('operator', c.BOXD_KEY, c.BOXD_KEY_FILE) } : undefined;
+  return { ...c, identity: `${c.POD_NAME ?? hostname()}_${randomUUID().slice(0, 8)}`, webhooks: readWebhooks(c), ...(boxd ? { boxd } : {}) };
 }
 
 function readWebhooks(c: z.infer<typeof ConfigSchema>): OperatorConfig['webhooks'] {

@@ -6,7 +6,7 @@ import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import { ResilientInformer, listPaged, slimMetadata } from '../common/informer.js';
 import { makeApiClient } from '../common/kube.js';
-import { BOX_SELECTOR, LABELS } from '../common/labels.js';
+import { BOX_SELECTOR, LABELS, SECRET_COMPONENTS } from '../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool } from '../common/pool.js';
 import { CHILD_SELECTOR } from './children.js';
 import { ScopedCache } from './scoped-cache.js';
@@ -37,6 +37,8 @@ export interface ControllerOptions {
   webhooks?: WebhookNotifier;
   /** The object store of snapshots: with it, a second reconciler of each pool enforces snapshot retention. */
   snapshots?: { store: ObjectStore; sweepIntervalMs: number; incompleteGraceMs: number };
+  /** The boxd image and credential key warm boxes are made with; without them none are kept. */
+  boxd?: { image: string; key: Buffer };
 }
 
 interface Reconciler {
@@ -160,11 +162,11 @@ export class Controller {
       this.pods.on(event, (pod) => {
         if (event === 'delete') this.health.forget(pod);
         else slim(this.observed(pod));
-        if (event !== 'delete' && this.queue) this.seenBoxesFor(pod);
         this.enqueueNamespace(pod.metadata?.namespace);
       });
       secrets.on(event, (s) => {
         if (event !== 'delete') slim(s);
+        if (event !== 'delete' && this.queue) this.seenBoxesFor(s);
         this.enqueueNamespace(s.metadata?.namespace);
       });
       for (const child of [namespaceCache, quotas, limits, policies] as Array<ScopedCache<k8s.KubernetesObject>>) {
@@ -193,6 +195,7 @@ export class Controller {
       ...(o.maxReapsPerPass ? { maxReapsPerPass: o.maxReapsPerPass } : {}),
       ...(o.deleteConcurrency ? { deleteConcurrency: o.deleteConcurrency } : {}),
       ...(o.orphanGraceMs !== undefined ? { orphanGraceMs: o.orphanGraceMs } : {}),
+      ...(o.boxd ? { boxd: o.boxd } : {}),
     });
     if (o.snapshots) {
       this.retention = new SnapshotRetentionReconciler({
@@ -304,9 +307,11 @@ export class Controller {
     return this.pools.list().find((p) => p.spec?.namespace === ns);
   }
 
-  private seenBoxesFor(pod: k8s.V1Pod): void {
-    const ns = pod.metadata?.namespace;
-    if (ns && this.pools.list().some((p) => p.spec?.namespace === ns)) this.seenBoxes.note(pod);
+  /** A box is counted by its record (made once per box, cold or claimed warm), seen as it arrives. */
+  private seenBoxesFor(secret: k8s.V1Secret): void {
+    const ns = secret.metadata?.namespace;
+    if (secret.metadata?.labels?.[LABELS.component] !== SECRET_COMPONENTS.record) return;
+    if (ns && this.pools.list().some((p) => p.spec?.namespace === ns)) this.seenBoxes.note(secret);
   }
 }
 
@@ -323,8 +328,8 @@ function namespacedPath(resource: string, namespace: string): string {
 }
 
 /**
- * Keeps only what the reaper reads from cached boxes and Secrets (metadata without managed
- * fields, the pod phase; no pod spec, no Secret data): with 10,000 boxes that is most of the
+ * Keeps only what the reaper and the warm pool read from cached boxes and Secrets (metadata
+ * without managed fields, the pod phase and Ready condition; no pod spec, no Secret data): with 10,000 boxes that is most of the
  * operator's memory. The handler receives the very object the informer caches, and this cache
  * is private to the controller, so trimming it in place is safe. Parts are replaced by small
  * fresh objects or set to undefined, never `delete`d, which would leave V8 objects in larger
@@ -335,7 +340,11 @@ function slim<T extends k8s.KubernetesObject & { spec?: unknown; status?: unknow
   if (obj.data !== undefined) obj.data = undefined;
   if (obj.stringData !== undefined) obj.stringData = undefined;
   if (obj.spec !== undefined) obj.spec = undefined;
-  const status = obj.status as { phase?: string } | undefined;
-  if (status && typeof status === 'object') obj.status = { phase: status.phase } as T['status'];
+  const status = obj.status as { phase?: string; conditions?: Array<{ type: string; status: string }> } | undefined;
+  if (status && typeof status === 'object') {
+    // The Ready condition tells warm boxes that can be claimed (operator/warm-pool.ts).
+    const ready = status.conditions?.find((c) => c.type === 'Ready');
+    obj.status = { phase: status.phase, ...(ready ? { conditions: [{ type: 'Ready', status: ready.status }] } : {}) } as T['status'];
+  }
   return obj;
 }

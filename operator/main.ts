@@ -42,6 +42,7 @@ async function main(): Promise<void> {
     maxReapsPerPass: config.REAP_BATCH,
     deleteConcurrency: config.REAP_CONCURRENCY,
     orphanGraceMs: config.ORPHAN_SECRET_GRACE_SECONDS * 1000,
+    ...(config.boxd ? { boxd: config.boxd } : {}),
     stuckPendingMs: config.STUCK_PENDING_SECONDS * 1000,
     ...(webhooks ? { webhooks } : {}),
     ...(store

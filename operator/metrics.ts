@@ -24,7 +24,7 @@ export function createOperatorMetrics(registry = new Registry()) {
     }),
     boxesReaped: new Counter({
       name: 'sandbox_operator_boxes_reaped_total',
-      help: 'Box pods and env Secrets deleted by the operator, by reason (expired, succeeded, failed, orphaned_secret).',
+      help: 'Box pods and Secrets deleted by the operator, by reason (expired, succeeded, failed, box_record, orphaned_record, orphaned_secret).',
       labelNames: ['reason'] as const,
       registers: [registry],
     }),
@@ -32,6 +32,12 @@ export function createOperatorMetrics(registry = new Registry()) {
       name: 'sandbox_operator_snapshots_deleted_total',
       help: 'Snapshots deleted from the object store by retention, by reason (expired; incomplete: left by a snapshot that failed mid-way).',
       labelNames: ['reason'] as const,
+      registers: [registry],
+    }),
+    warmReady: new Gauge({
+      name: 'sandbox_operator_warm_ready',
+      help: 'Warm boxes ready to claim, by pool (as of the pool\'s last reconcile).',
+      labelNames: ['pool'] as const,
       registers: [registry],
     }),
     boxFailures: new Counter({

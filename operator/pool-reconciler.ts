@@ -4,6 +4,7 @@
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import { apiMessage, apiStatusCode, isConflict, isNotFound, makeApiClient } from '../common/kube.js';
+import { LABELS, SECRET_COMPONENTS } from '../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool, type SandboxPoolStatus } from '../common/pool.js';
 import { countBoxes, type SeenBox } from './box-counter.js';
 import { desiredChildren, isUpToDate, type Child } from './children.js';
@@ -11,6 +12,7 @@ import type { EventRecorder } from './events.js';
 import type { OperatorMetrics } from './metrics.js';
 import { planReaps, type Reap } from './reaper.js';
 import { sameStatus, setConditions, type ConditionInput } from './status.js';
+import { WarmPods, planWarm } from './warm-pool.js';
 
 export const FIELD_MANAGER = 'sandbox-bridge-operator';
 
@@ -47,14 +49,16 @@ export interface ReconcilerOptions {
   deleteConcurrency?: number;
   orphanGraceMs?: number;
   requestTimeoutMs?: number;
+  /** The boxd image and credential key warm boxes are made with; without them none are kept. */
+  boxd?: { image: string; key: Buffer };
 }
 
 /** Per-namespace record of box pods observed by watch events, drained once counted. */
 export class SeenBoxes {
   private readonly byNamespace = new Map<string, Map<string, number>>();
 
-  note(pod: k8s.V1Pod): void {
-    const { namespace, uid, creationTimestamp } = pod.metadata ?? {};
+  note(box: k8s.KubernetesObject): void {
+    const { namespace, uid, creationTimestamp } = box.metadata ?? {};
     if (!namespace || !uid || !creationTimestamp) return;
     const map = this.byNamespace.get(namespace) ?? new Map<string, number>();
     map.set(uid, new Date(creationTimestamp).getTime());
@@ -88,6 +92,9 @@ export class PoolReconciler {
   private readonly now: () => number;
   /** Deletes sent and not yet seen in the cache: uid -> when sent. */
   private readonly deleting = new Map<string, number>();
+  private readonly warmPods: WarmPods | undefined;
+  /** Pools told once that they ask for warm boxes this operator cannot make. */
+  private readonly warnedNoBoxd = new Set<string>();
 
   constructor(private readonly o: ReconcilerOptions) {
     const timeout = o.requestTimeoutMs ?? 15_000;
@@ -95,6 +102,7 @@ export class PoolReconciler {
     this.objects = makeApiClient(o.kc, k8s.KubernetesObjectApi, timeout);
     this.custom = makeApiClient(o.kc, k8s.CustomObjectsApi, timeout);
     this.now = o.now ?? Date.now;
+    this.warmPods = o.boxd ? new WarmPods({ core: this.core, boxd: o.boxd }) : undefined;
   }
 
   async reconcile(name: string): Promise<ReconcileResult> {
@@ -121,7 +129,7 @@ export class PoolReconciler {
         { type: 'Ready', status: 'False', reason: 'NamespaceNotWatched', message },
         { type: 'Degraded', status: 'True', reason: 'NamespaceNotWatched', message },
       ];
-      const written = await this.writeStatus(pool, conditions, 0, log);
+      const written = await this.writeStatus(pool, conditions, 0, log, { warmReady: 0, warmDesired: 0 });
       return written === 'conflict' ? { requeueAfterMs: 100 } : {};
     }
 
@@ -143,14 +151,21 @@ export class PoolReconciler {
       childrenOk = childError === undefined;
     }
 
-    // Reap only in a namespace this pool governs.
+    // Reap, and keep warm boxes, only in a namespace this pool governs.
     let reapError: string | undefined;
     let active = 0;
+    let warm: WarmStatus = { warmReady: 0, warmDesired: 0 };
     if (!rival) {
       const reaped = await this.reap(pool, log);
       reapError = reaped.error;
       active = reaped.active;
       if (reaped.requeueAfterMs !== undefined) requeue(reaped.requeueAfterMs);
+      if (childrenOk) {
+        const kept = await this.keepWarm(pool, active, log);
+        warm = kept.status;
+        if (kept.error) reapError ??= kept.error;
+        if (kept.requeueAfterMs !== undefined) requeue(kept.requeueAfterMs);
+      }
     }
 
     if (!rival) {
@@ -169,7 +184,7 @@ export class PoolReconciler {
       else conditions.push({ type: 'Degraded', status: 'False', reason: 'AsExpected', message: 'no problems' });
     }
 
-    const written = await this.writeStatus(pool, conditions, active, log);
+    const written = await this.writeStatus(pool, conditions, active, log, warm);
     if (written === 'conflict') requeue(100);
     if (childError && !rival) requeue(NAMESPACE_RETRY_MS);
     return requeueAfterMs === undefined ? {} : { requeueAfterMs };
@@ -265,7 +280,8 @@ export class PoolReconciler {
         await this.deleteOne(reap);
         this.deleting.set(reap.uid, now);
         this.o.metrics.boxesReaped.inc({ reason: reap.reason });
-        await this.o.events.record(pool, reapEvent(reap));
+        const event = reapEvent(reap);
+        if (event) await this.o.events.record(pool, event);
       } catch (err) {
         // Gone already, or replaced by a new object of the same name: nothing to do.
         if (isNotFound(err) || isConflict(err)) return;
@@ -289,17 +305,74 @@ export class PoolReconciler {
     else await this.core.deleteNamespacedSecret({ name: reap.name, namespace: reap.namespace, body });
   }
 
+  /**
+   * Keeps the pool's warm boxes: as many ready as planWarm() says, replaced when their template
+   * changes. Failures are reported (Degraded) and retried, never fatal to the reconcile.
+   */
+  private async keepWarm(pool: SandboxPool, active: number, log: Logger): Promise<{ status: WarmStatus; requeueAfterMs?: number; error?: string }> {
+    const { warm } = pool.spec;
+    const wantsWarm = warm.count > 0 || (warm.max ?? 0) > 0;
+    const ns = pool.spec.namespace;
+    const pods = this.o.caches.pods.list(ns).filter((p) => p.metadata?.labels?.[LABELS.warm] === pool.metadata.name);
+    if (!this.warmPods) {
+      if (wantsWarm && !this.warnedNoBoxd.has(pool.metadata.name)) {
+        this.warnedNoBoxd.add(pool.metadata.name);
+        log.warn('the pool asks for warm boxes, but this operator has no BOXD_IMAGE and BOXD_KEY to make them');
+      }
+      return { status: { warmReady: 0, warmDesired: 0 } };
+    }
+    const now = this.now();
+    const since = now - warm.windowSeconds * 1000;
+    let recentCreates = 0;
+    for (const s of this.o.caches.secrets.list(ns)) {
+      if (s.metadata?.labels?.[LABELS.component] !== SECRET_COMPONENTS.record) continue;
+      if (new Date(s.metadata.creationTimestamp ?? 0).getTime() >= since) recentCreates++;
+    }
+    const template = this.warmPods.template(pool);
+    const plan = planWarm({ pool, template, pods: pods.filter((p) => !this.deleting.has(p.metadata?.uid ?? '')), active, recentCreates, now });
+    const failures: string[] = [];
+    for (const { pod, reason } of plan.remove) {
+      try {
+        await this.warmPods.remove(pod);
+        this.deleting.set(pod.metadata!.uid!, now);
+        log.info({ pod: pod.metadata?.name, reason }, 'warm box let go');
+      } catch (err) {
+        if (!isNotFound(err) && !isConflict(err)) failures.push(`remove ${pod.metadata?.name}: ${apiMessage(err)}`);
+      }
+    }
+    await mapLimit(Array.from({ length: plan.create }), 4, async () => {
+      try {
+        await this.warmPods!.start(pool, template);
+      } catch (err) {
+        failures.push(`start: ${apiMessage(err)}`);
+      }
+    });
+    if (plan.create) log.info({ started: plan.create - failures.length, desired: plan.desired, ready: plan.ready }, 'warm boxes started');
+    this.o.metrics.warmReady.set({ pool: pool.metadata.name }, plan.ready);
+    // Sized by recent creates: look again when the window has moved on.
+    const resize = warm.max !== undefined && warm.max > warm.count ? warm.windowSeconds * 1000 : undefined;
+    const retry = failures.length ? 2000 : undefined;
+    const requeueAfterMs = retry ?? resize;
+    return {
+      status: { warmReady: plan.ready, warmDesired: plan.desired },
+      ...(requeueAfterMs !== undefined ? { requeueAfterMs } : {}),
+      ...(failures.length ? { error: `warm boxes: ${failures.slice(0, 3).join('; ')}` } : {}),
+    };
+  }
+
   private async writeStatus(
     pool: SandboxPool,
     wanted: ConditionInput[],
     active: number,
     log: Logger,
+    warm: WarmStatus,
   ): Promise<'unchanged' | 'written' | 'conflict'> {
     const ns = pool.spec.namespace;
+    // One record per box ever made (a cold pod or a claimed warm one); warm pods are no boxes.
     const candidates = [...this.o.seenBoxes.list(ns)];
-    for (const p of this.o.caches.pods.list(ns)) {
-      if (p.metadata?.uid && p.metadata.creationTimestamp) {
-        candidates.push({ uid: p.metadata.uid, createdAt: new Date(p.metadata.creationTimestamp).getTime() });
+    for (const s of this.o.caches.secrets.list(ns)) {
+      if (s.metadata?.labels?.[LABELS.component] === SECRET_COMPONENTS.record && s.metadata.uid && s.metadata.creationTimestamp) {
+        candidates.push({ uid: s.metadata.uid, createdAt: new Date(s.metadata.creationTimestamp).getTime() });
       }
     }
     const count = countBoxes(pool.status, candidates);
@@ -309,6 +382,7 @@ export class PoolReconciler {
       activeBoxes: active,
       totalBoxesCreated: count.total,
       ...(count.watermark ? { boxCountWatermark: count.watermark } : {}),
+      ...warm,
     };
     if (sameStatus(pool.status, status)) {
       this.o.seenBoxes.drain(ns, count.watermark?.creationTimestamp);
@@ -337,15 +411,21 @@ export class PoolReconciler {
 
 class NamespaceUnavailable extends Error {}
 
-function reapEvent(reap: Reap): { type: 'Normal'; reason: string; message: string } {
+type WarmStatus = Required<Pick<SandboxPoolStatus, 'warmReady' | 'warmDesired'>>;
+
+function reapEvent(reap: Reap): { type: 'Normal'; reason: string; message: string } | undefined {
   switch (reap.reason) {
     case 'expired':
       return { type: 'Normal', reason: 'BoxExpired', message: `Deleted box ${reap.name}: expired at ${reap.expiredAt?.toISOString()}` };
     case 'succeeded':
     case 'failed':
       return { type: 'Normal', reason: 'BoxFinished', message: `Deleted box ${reap.name}: its pod ${reap.reason}` };
+    case 'box_record':
+      return undefined; // its box's event says it
+    case 'orphaned_record':
+      return { type: 'Normal', reason: 'OrphanedRecordDeleted', message: `Deleted the record of box ${reap.name}: the box has no pod` };
     case 'orphaned_secret':
-      return { type: 'Normal', reason: 'OrphanedSecretDeleted', message: `Deleted env Secret ${reap.name}: its box is gone` };
+      return { type: 'Normal', reason: 'OrphanedSecretDeleted', message: `Deleted Secret ${reap.name}: its pod is gone` };
   }
 }
 

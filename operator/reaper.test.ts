@@ -90,3 +90,30 @@ test('box Secrets whose owner pod (by UID) is gone are orphans once past the gra
   // The fresh one is due when its grace period ends.
   expect(plan.nextDueAt).toBe(Date.parse('2030-01-01T12:00:20Z'));
 });
+
+test('a record goes with its box; a record without a box pod goes after the grace period; warm pods are left to the warm pool', () => {
+  const record = (name: string, created = '2030-01-01T11:00:00Z'): k8s.V1Secret => ({
+    metadata: {
+      name,
+      namespace: 'ns',
+      uid: `uid-${name}`,
+      creationTimestamp: new Date(created),
+      labels: { 'app.kubernetes.io/component': 'box-record' },
+    },
+  });
+  const claimed = pod('box-warm-abc', { expiresAt: '2030-01-01T11:59:00Z' });
+  claimed.metadata!.labels = { 'sandbox-bridge.io/box-id': 'box-s-0' };
+  const warm = pod('box-warm-def', { created: '2020-01-01T00:00:00Z' });
+  warm.metadata!.labels = { 'sandbox-bridge.io/warm': 'p' };
+  const plan = planReaps({
+    ...base,
+    pods: [claimed, warm, pod('box-t-0')],
+    secrets: [record('box-s-0'), record('box-t-0'), record('box-u-0'), record('box-v-0', '2030-01-01T11:59:50Z')],
+  });
+  expect(plan.reaps.map((r) => [r.kind, r.name, r.reason])).toEqual([
+    ['Pod', 'box-warm-abc', 'expired'],
+    ['Secret', 'box-s-0', 'box_record'],
+    ['Secret', 'box-u-0', 'orphaned_record'],
+  ]);
+  expect(plan.active).toBe(1);
+});

@@ -1,9 +1,14 @@
 // Pure planning of box housekeeping: which box pods and box Secrets to delete, and when the next
 // one falls due (the reconciler requeues the pool for then instead of polling).
 import type * as k8s from '@kubernetes/client-node';
-import { ANNOTATIONS } from '../common/labels.js';
+import { ANNOTATIONS, LABELS, SECRET_COMPONENTS } from '../common/labels.js';
 
-export type ReapReason = 'expired' | 'succeeded' | 'failed' | 'orphaned_secret';
+/**
+ * expired / succeeded / failed: a box pod; box_record: the record of a box reaped in the same
+ * pass; orphaned_record: a record whose box has had no pod for the grace period; orphaned_secret:
+ * a Secret whose owner pod is gone.
+ */
+export type ReapReason = 'expired' | 'succeeded' | 'failed' | 'box_record' | 'orphaned_record' | 'orphaned_secret';
 
 export interface Reap {
   kind: 'Pod' | 'Secret';
@@ -60,34 +65,52 @@ export function planReaps(input: ReapInput): ReapPlan {
   // By UID, not name: a box recreated under a reused name must not keep its predecessor's
   // Secret alive, nor lose its own to it.
   const livePods = new Set<string>();
+  /** Box ids with a pod that stays, and those whose pod this pass reaps. */
+  const liveBoxes = new Set<string>();
+  const reapedBoxes = new Set<string>();
 
   for (const pod of input.pods) {
     const { name, namespace, uid } = pod.metadata ?? {};
     if (!name || !namespace || !uid) continue;
     livePods.add(uid);
+    // Warm pods belong to no session: the warm pool (operator/warm-pool.ts) keeps them.
+    if (pod.metadata?.labels?.[LABELS.warm]) continue;
+    const boxId = pod.metadata?.labels?.[LABELS.boxId] ?? name;
     if (pod.metadata?.deletionTimestamp || pending?.has(uid)) continue;
     const phase = pod.status?.phase;
     if (phase === 'Succeeded' || phase === 'Failed') {
       reaps.push({ kind: 'Pod', name, namespace, uid, reason: phase === 'Succeeded' ? 'succeeded' : 'failed' });
+      reapedBoxes.add(boxId);
       continue;
     }
     const expiry = expiryOf(pod, input.defaultTtlSeconds);
     if (expiry !== undefined && expiry <= now) {
       reaps.push({ kind: 'Pod', name, namespace, uid, reason: 'expired', expiredAt: new Date(expiry) });
+      reapedBoxes.add(boxId);
       continue;
     }
+    liveBoxes.add(boxId);
     active++;
     if (expiry !== undefined) due(expiry);
   }
 
   for (const secret of input.secrets) {
     const { name, namespace, uid } = secret.metadata ?? {};
-    const owner = secret.metadata?.ownerReferences?.find((o) => o.kind === 'Pod')?.uid;
     if (!name || !namespace || !uid) continue;
     if (secret.metadata?.deletionTimestamp || pending?.has(uid)) continue;
-    if (owner && livePods.has(owner)) continue;
     const created = timestamp(secret.metadata?.creationTimestamp) ?? 0;
     const orphanAt = created + input.orphanGraceMs;
+    if (secret.metadata?.labels?.[LABELS.component] === SECRET_COMPONENTS.record) {
+      // A record is named after its box. Its pod may be moments away (just made), so it is an
+      // orphan only after the grace period.
+      if (reapedBoxes.has(name)) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'box_record' });
+      else if (liveBoxes.has(name)) continue;
+      else if (orphanAt <= now) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'orphaned_record' });
+      else due(orphanAt);
+      continue;
+    }
+    const owner = secret.metadata?.ownerReferences?.find((o) => o.kind === 'Pod')?.uid;
+    if (owner && livePods.has(owner)) continue;
     if (orphanAt <= now) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'orphaned_secret' });
     else due(orphanAt);
   }

@@ -33,6 +33,8 @@ function normalize(s: SandboxPoolStatus): unknown {
     observedGeneration: s.observedGeneration,
     activeBoxes: s.activeBoxes,
     totalBoxesCreated: s.totalBoxesCreated,
+    warmReady: s.warmReady ?? 0,
+    warmDesired: s.warmDesired ?? 0,
     boxCountWatermark: s.boxCountWatermark
       ? { creationTimestamp: Date.parse(s.boxCountWatermark.creationTimestamp), uids: s.boxCountWatermark.uids }
       : undefined,

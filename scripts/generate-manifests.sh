@@ -6,7 +6,7 @@
 # Fixed choices (edit the output with a kustomize overlay, not here):
 #   release "sandbox-bridge" in namespace "sandbox-bridge"; sandbox namespace "sandbox";
 #   secret.existingSecret=sandbox-bridge-token and boxd.existingSecret=sandbox-bridge-boxd-key,
-#   so no secret is committed: create both Secrets yourself (README: "Install with kubectl apply -k").
+#   so no secret is committed: create both Secrets yourself (docs/chart.md: "Install with kubectl apply -k").
 # The ServiceMonitor and PrometheusRule go to OUT_DIR/monitoring (needs prometheus-operator).
 # test/integration/chart-manifests.test.ts regenerates into a temp dir and diffs, so the
 # committed manifests never drift from the chart.

@@ -8,15 +8,11 @@ import type { Logger } from 'pino';
 import { WebSocketServer, type RawData, type WebSocket } from 'ws';
 import { BridgeError } from '../../common/errors.js';
 import { FRAME, FrameDecoder, encodeFrame, frameJson } from '../boxd/frames.js';
-import { PtyQuery, PtyResize, describeIssues } from '../schemas.js';
+import { BEARER_PROTOCOL_PREFIX, PTY_PROTOCOL, PtyControl, PtyQuery, describeIssues } from '../schemas.js';
 import type { TerminalService } from '../services/terminal.js';
 
-/** The subprotocol the bridge speaks; the caller may also pass its token as a subprotocol. */
-export const PTY_PROTOCOL = 'sandbox-bridge.pty.v1';
-/** `sandbox-bridge.bearer.<base64url token>`: for WebSocket clients that cannot set headers. */
-export const BEARER_PROTOCOL_PREFIX = 'sandbox-bridge.bearer.';
-
-const PTY_PATH = /^\/api\/v1\/boxes\/([^/]+)\/pty$/;
+/** The one upgrade route (GET /api/v1/boxes/{id}/pty); everything else is served by Express. */
+export const PTY_PATH = /^\/api\/v1\/boxes\/([^/]+)\/pty$/;
 
 export interface TerminalUpgradeDeps {
   terminals: TerminalService;
@@ -111,12 +107,9 @@ function relay(ws: WebSocket, boxd: Duplex, head: Buffer, log: Logger): void {
       return;
     }
     try {
-      const control = JSON.parse(bytes.toString('utf8')) as { type?: string };
+      const control = PtyControl.parse(JSON.parse(bytes.toString('utf8')));
       if (control.type === 'eof') boxd.write(encodeFrame(FRAME.eof));
-      else {
-        const resize = PtyResize.parse(control);
-        boxd.write(encodeFrame(FRAME.resize, JSON.stringify({ cols: resize.cols, rows: resize.rows })));
-      }
+      else boxd.write(encodeFrame(FRAME.resize, JSON.stringify({ cols: control.cols, rows: control.rows })));
     } catch {
       ws.close(1003, 'text frames must be {"type":"resize","cols","rows"} or {"type":"eof"}');
     }

@@ -1,14 +1,26 @@
 // Box pods of the sandbox namespace, from a watch cache: every read (status, list, counts,
-// session slots) is answered here without an API round trip.
+// session slots, warm pods to claim) is answered here without an API round trip. A session's
+// box is found by its box id (the box-id label; a pod without one is a box named after itself);
+// warm pods belong to no session until claimed.
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import { ResilientInformer, listPaged, slimMetadata } from '../../common/informer.js';
-import { BOX_SELECTOR, LABELS } from '../../common/labels.js';
+import { ANNOTATIONS, BOX_SELECTOR, LABELS } from '../../common/labels.js';
 import { boxState } from '../box-pod.js';
 
 export interface BoxReader {
-  get(name: string): k8s.V1Pod | undefined;
+  /** The pod serving a box, by box id. */
+  get(boxId: string): k8s.V1Pod | undefined;
+  /** Any box or warm pod, by pod name. */
+  pod(name: string): k8s.V1Pod | undefined;
+  /** Every session's box (warm pods not included). */
   list(): readonly k8s.V1Pod[];
+  /** Every box pod, warm ones included (what uses the nodes). */
+  all(): readonly k8s.V1Pod[];
+  /** Warm pods of a pool (made from the given template, if one is given) ready to claim: Running, Ready, not deleting. */
+  warm(pool: string, template?: string): k8s.V1Pod[];
+  /** Warm pods of a pool that are ready, whatever their template. */
+  warmReadyCount(pool: string): number;
   /** Boxes that count against the caps: every box not finished (deleting ones still hold their name). */
   activeCount(): number;
   sessionBoxes(sessionHash: string): k8s.V1Pod[];
@@ -27,6 +39,9 @@ export interface BoxReader {
 export class BoxCache implements BoxReader {
   private readonly informer: ResilientInformer<k8s.V1Pod>;
   private readonly watchers = new Map<string, Set<(pod: k8s.V1Pod | undefined) => void>>();
+  /** box id -> pod name, and back, for session boxes. */
+  private readonly podOfBox = new Map<string, string>();
+  private readonly boxOfPod = new Map<string, string>();
   private changes = 0;
 
   constructor(
@@ -51,6 +66,9 @@ export class BoxCache implements BoxReader {
       for (const watcher of this.watchers.get(name) ?? []) watcher(gone ? undefined : pod);
     };
     for (const event of ['add', 'update', 'delete'] as const) this.informer.on(event, () => this.changes++);
+    this.informer.on('add', (pod) => this.index(pod, false));
+    this.informer.on('update', (pod) => this.index(pod, false));
+    this.informer.on('delete', (pod) => this.index(pod, true));
     this.informer.on('add', (pod) => notify(pod, false));
     this.informer.on('update', (pod) => notify(pod, false));
     this.informer.on('delete', (pod) => notify(pod, true));
@@ -72,12 +90,54 @@ export class BoxCache implements BoxReader {
     return this.changes;
   }
 
-  get(name: string): k8s.V1Pod | undefined {
+  get(boxId: string): k8s.V1Pod | undefined {
+    const name = this.podOfBox.get(boxId);
+    return name === undefined ? undefined : this.pod(name);
+  }
+
+  pod(name: string): k8s.V1Pod | undefined {
     return this.informer.get(name, this.namespace);
   }
 
   list(): readonly k8s.V1Pod[] {
+    return this.informer.list(this.namespace).filter((pod) => !isWarm(pod));
+  }
+
+  all(): readonly k8s.V1Pod[] {
     return this.informer.list(this.namespace);
+  }
+
+  warm(pool: string, template?: string): k8s.V1Pod[] {
+    return this.informer
+      .list(this.namespace)
+      .filter(
+        (pod) =>
+          pod.metadata?.labels?.[LABELS.warm] === pool &&
+          (template === undefined || pod.metadata?.annotations?.[ANNOTATIONS.warmTemplate] === template) &&
+          isReady(pod),
+      );
+  }
+
+  warmReadyCount(pool: string): number {
+    let n = 0;
+    for (const pod of this.informer.list(this.namespace)) if (pod.metadata?.labels?.[LABELS.warm] === pool && isReady(pod)) n++;
+    return n;
+  }
+
+  private index(pod: k8s.V1Pod, gone: boolean): void {
+    const name = pod.metadata?.name;
+    if (!name) return;
+    const before = this.boxOfPod.get(name);
+    const now = gone || isWarm(pod) ? undefined : (pod.metadata?.labels?.[LABELS.boxId] ?? name);
+    if (before === now) return;
+    if (before !== undefined) {
+      this.boxOfPod.delete(name);
+      if (this.podOfBox.get(before) === name) this.podOfBox.delete(before);
+    }
+    if (now !== undefined) {
+      this.boxOfPod.set(name, now);
+      this.podOfBox.set(now, name);
+    }
   }
 
   activeCount(): number {
@@ -117,10 +177,10 @@ export class BoxCache implements BoxReader {
         else return false;
         return true;
       };
-      if (check(this.get(name), true)) return;
+      if (check(this.pod(name), true)) return;
       const timer = setTimeout(() => {
         unsubscribe();
-        reject(new BoxStartTimeoutError(name, this.get(name)));
+        reject(new BoxStartTimeoutError(name, this.pod(name)));
       }, timeoutMs);
       const unsubscribe = this.watch(name, (pod) => {
         if (check(pod)) {
@@ -136,6 +196,20 @@ export class BoxCache implements BoxReader {
       if (!pod || pod.metadata?.deletionTimestamp) callback();
     });
   }
+}
+
+function isWarm(pod: k8s.V1Pod): boolean {
+  return Boolean(pod.metadata?.labels?.[LABELS.warm]);
+}
+
+/** Claimable: running, its boxd answering the kubelet's readiness probe, not on its way out. */
+function isReady(pod: k8s.V1Pod): boolean {
+  return (
+    !pod.metadata?.deletionTimestamp &&
+    pod.status?.phase === 'Running' &&
+    Boolean(pod.status.podIP) &&
+    pod.status.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') === true
+  );
 }
 
 /**

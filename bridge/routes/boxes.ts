@@ -2,13 +2,11 @@
 // the services.
 import express, { Router, type Request } from 'express';
 import { BridgeError } from '../../common/errors.js';
-import { CreateBoxRequest, DeleteBoxQuery, SetEnvRequest } from '../schemas.js';
+import { CreateBoxRequest, DeleteBoxQuery, IDEMPOTENCY_KEY, SetEnvRequest } from '../schemas.js';
 import type { BoxService } from '../services/boxes.js';
 import type { EnvService } from '../services/env.js';
 import type { SnapshotService } from '../services/snapshots.js';
 import { boxIdOf, parse } from '../http/parse.js';
-
-const IDEMPOTENCY_KEY = /^[\x21-\x7e]{1,255}$/;
 
 export function boxRoutes(deps: { boxes: BoxService; env: EnvService; snapshots: SnapshotService }): Router {
   const { boxes, env, snapshots } = deps;

@@ -1,7 +1,7 @@
 // Snapshots: take one of a box, list a session's, read and delete one. Thin handlers; the
 // work is the snapshot service's (bridge/services/snapshots.ts).
 import express, { Router } from 'express';
-import { CreateSnapshotRequest, SnapshotsQuery } from '../schemas.js';
+import { CreateSnapshotRequest, SnapshotParams, SnapshotsQuery } from '../schemas.js';
 import type { SnapshotService } from '../services/snapshots.js';
 import { boxIdOf, parse } from '../http/parse.js';
 
@@ -20,11 +20,11 @@ export function snapshotRoutes(deps: { snapshots: SnapshotService }): Router {
   });
 
   router.get('/snapshots/:id', async (req, res) => {
-    res.json(await snapshots.get(String(req.params.id)));
+    res.json(await snapshots.get(parse(SnapshotParams, req.params).id));
   });
 
   router.delete('/snapshots/:id', async (req, res) => {
-    res.json(await snapshots.delete(String(req.params.id)));
+    res.json(await snapshots.delete(parse(SnapshotParams, req.params).id));
   });
 
   return router;

@@ -2,7 +2,7 @@
 // box is waited for (its pod IP from the watch, then boxd's health). Calls run with a signal that
 // fires when the box is deleted meanwhile, so nothing hangs on a box that is gone.
 import type * as k8s from '@kubernetes/client-node';
-import { BOXD_VERSION_ANNOTATION, boxdToken } from '../../common/boxd.js';
+import { BOXD_NONCE_ANNOTATION, BOXD_VERSION_ANNOTATION, boxdToken } from '../../common/boxd.js';
 import { BridgeError } from '../../common/errors.js';
 import { BoxdUnreachableError, type BoxdClient, type BoxdTarget } from '../boxd/client.js';
 import { BoxGoneError, BoxStartTimeoutError, type BoxReader } from '../kube/box-cache.js';
@@ -36,8 +36,8 @@ export interface BoxCall {
 export class BoxConnector {
   /** pod name -> uid of the pod seen answering. */
   private readonly ready = new Map<string, string>();
-  /** pod name -> the credential of the pod with that uid (an HMAC per call costs ~3% of an exec). */
-  private readonly tokens = new Map<string, { uid: string; token: string }>();
+  /** pod name -> the credential of the pod with that nonce (an HMAC per call costs ~3% of an exec). */
+  private readonly tokens = new Map<string, { nonce: string; token: string }>();
 
   constructor(private readonly deps: BoxConnectorDeps) {}
 
@@ -74,10 +74,10 @@ export class BoxConnector {
 
   private target(pod: k8s.V1Pod): BoxdTarget {
     const name = pod.metadata!.name!;
-    const uid = pod.metadata!.uid!;
+    const nonce = pod.metadata!.annotations?.[BOXD_NONCE_ANNOTATION] ?? '';
     let cached = this.tokens.get(name);
-    if (cached?.uid !== uid) {
-      cached = { uid, token: boxdToken(this.deps.key, this.deps.namespace, name, uid) };
+    if (cached?.nonce !== nonce) {
+      cached = { nonce, token: boxdToken(this.deps.key, this.deps.namespace, name, nonce) };
       remember(this.tokens, name, cached);
     }
     return { box: name, ip: pod.status!.podIP!, token: cached.token };
@@ -86,7 +86,7 @@ export class BoxConnector {
   /** The live pod once its boxd answers; fast when this replica has seen it answer before. */
   private async connect(pod: k8s.V1Pod, signal: AbortSignal, lost: boolean): Promise<k8s.V1Pod> {
     const name = pod.metadata!.name!;
-    const cached = this.deps.cache.get(name) ?? pod;
+    const cached = this.deps.cache.pod(name) ?? pod;
     if (!lost && cached.status?.podIP && this.ready.get(name) === cached.metadata?.uid) return cached;
 
     const deadline = performance.now() + (lost ? LOST_BOX_WAIT_MS : this.deps.startTimeoutMs);
@@ -94,7 +94,7 @@ export class BoxConnector {
       signal.throwIfAborted();
       const remaining = deadline - performance.now();
       if (remaining <= 0) {
-        const latest = this.deps.cache.get(name);
+        const latest = this.deps.cache.pod(name);
         if (lost || latest?.status?.podIP) {
           throw new BridgeError('cluster_unavailable', `box ${name} does not answer (its agent is not reachable)`, { headers: { 'Retry-After': '5' } });
         }
@@ -136,7 +136,7 @@ function remember<V>(map: Map<string, V>, key: string, value: V): void {
 function checkUsable(pod: k8s.V1Pod): void {
   const name = pod.metadata?.name;
   if (pod.metadata?.deletionTimestamp) throw new BridgeError('not_found', `box ${name} not found (it is being deleted)`);
-  if (!pod.metadata?.annotations?.[BOXD_VERSION_ANNOTATION]) {
+  if (!pod.metadata?.annotations?.[BOXD_VERSION_ANNOTATION] || !pod.metadata.annotations[BOXD_NONCE_ANNOTATION]) {
     throw new BridgeError('conflict', `box ${name} was created by an older bridge without the in-box agent; create a new box`);
   }
 }

@@ -1,38 +1,57 @@
-// Box lifecycle: create (policy checks, per-session slots, global cap, idempotency keys), look
-// up, delete. Free of Express types; reads come from the cache, writes go to the API server.
+// Box lifecycle: create (policy checks, per-session slots, global cap, idempotency keys, warm
+// claims), look up, delete. Free of Express types; reads come from the cache, writes go to the
+// API server.
+//
+// A box is its record (a Secret named after the box id, taken first: that makes the session's
+// slot atomic) and the pod serving it: a new pod named after the box (cold), or a warm pod of
+// the pool's default shape claimed by a compare-and-swap on its resource version, so no warm pod
+// ever serves two boxes, whichever replicas race for it.
 import { createHash } from 'node:crypto';
-import type * as k8s from '@kubernetes/client-node';
-import { boxdToken } from '../../common/boxd.js';
+import * as k8s from '@kubernetes/client-node';
+import { BOXD_NONCE_ANNOTATION, boxdToken, newNonce } from '../../common/boxd.js';
+import { buildSessionBoxPod, sessionMetadata, warmShape, warmTemplateHash, type BoxShape, type SessionBox } from '../../common/box-pod.js';
 import { BridgeError } from '../../common/errors.js';
 import { LABELS, boxName, sessionHash } from '../../common/labels.js';
 import type { SandboxPoolSpec } from '../../common/pool.js';
-import { parseQuantity } from '../../common/quantity.js';
-import { boxStatus, buildBoxPod } from '../box-pod.js';
+import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js';
+import { boxIdOf, boxStatus } from '../box-pod.js';
+import type { BoxdClient } from '../boxd/client.js';
 import type { BoxReader } from '../kube/box-cache.js';
-import type { BoxSecrets } from '../kube/box-secrets.js';
+import type { BoxRecords } from '../kube/box-records.js';
 import type { KubeCall } from '../kube/instrument.js';
 import type { PolicySource } from '../kube/policy.js';
-import type { CreateBoxRequest } from '../schemas.js';
+import { BOX_ID, type CreateBoxRequest } from '../schemas.js';
 
 const MiB = 1024 * 1024;
-const BOX_ID = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
 /** An Idempotency-Key names the same box for this long (DESIGN.md). */
 const IDEMPOTENCY_WINDOW_MS = 24 * 3600 * 1000;
 /** Deletes this replica sent recently, by pod UID: answered 404 before the watch shows them. */
 const RECENT_DELETES = 10_000;
+/** Warm pods a create tries before it makes a new one (each lost race costs one API call). */
+const CLAIM_ATTEMPTS = 3;
+/** Creates retried while a warm pod given up for the quota is counted out (150 ms doubling: ~4.5 s). */
+const QUOTA_RETRIES = 5;
+/** A claimed pod's agent must answer within this, or the claim is undone. */
+const CLAIM_CHECK_MS = 2000;
+
+export type CreatePath = 'warm' | 'cold';
 
 export interface BoxServiceDeps {
   core: k8s.CoreV1Api;
   call: KubeCall;
   cache: BoxReader;
   policy: PolicySource;
-  secrets: BoxSecrets;
+  records: BoxRecords;
+  boxd: BoxdClient;
   /** The key box credentials are derived from (common/boxd.ts). */
   boxdKey: Buffer;
   boxdImage: string;
   namespace: string;
   namePrefix: string;
-  onCreated?: () => void;
+  /** A box was made: from a warm pod or a new one, and how long it took. */
+  onCreated?: (path: CreatePath, seconds: number) => void;
+  /** A create of the warm shape found no warm pod to claim. */
+  onWarmMiss?: () => void;
   now?: () => Date;
 }
 
@@ -46,11 +65,12 @@ export class BoxService {
 
   /** Creates a box; with an idempotency key, a repeated request answers with the box the first one made. */
   async create(req: CreateBoxRequest, idempotencyKey?: string) {
-    const { cache, policy, namespace } = this.deps;
+    const started = performance.now();
+    const { cache, policy } = this.deps;
     const spec = policy.current();
     const image = req.image ?? spec.box.defaultImage;
     checkAllowed(spec, image, req.runtimeClassName, req.serviceAccountName);
-    const { cpuCores, memoryBytes } = resources(spec, req);
+    const shape: BoxShape = { image, ...resources(spec, req), runtimeClassName: req.runtimeClassName, serviceAccountName: req.serviceAccountName };
 
     const hash = sessionHash(req.sessionId);
     const keyDigest = idempotencyKey === undefined ? undefined : digestKey(req.sessionId, idempotencyKey);
@@ -58,68 +78,150 @@ export class BoxService {
       const earlier = cache.sessionBoxes(hash).find((p) => this.madeWith(p, keyDigest));
       if (earlier) return this.created(earlier);
     }
-    const taken = new Set(cache.sessionBoxes(hash).map((p) => p.metadata?.name));
+    const taken = new Set(cache.sessionBoxes(hash).map((p) => boxIdOf(p) ?? p.metadata?.name));
     if (taken.size >= spec.maxBoxesPerSession) {
       throw quotaExceeded(`session already has ${taken.size} boxes; the limit per session is ${spec.maxBoxesPerSession}`);
     }
     if (cache.activeCount() >= spec.maxBoxes) {
       throw quotaExceeded(`the pool is at its limit of ${spec.maxBoxes} boxes`);
     }
+    const warm = servedWarm(spec, shape);
+    if (warm) warm.template = warmTemplateHash(spec, this.deps.boxdImage);
 
-    // Slot names are deterministic, so two replicas racing for one slot collide on the name
-    // and the API server lets exactly one win; the loser moves on to the next free slot.
+    // Slot names are deterministic, so two replicas racing for one slot collide on the record's
+    // name and the API server lets exactly one win; the loser moves on to the next free slot.
     for (let slot = 0; slot < spec.maxBoxesPerSession; slot++) {
-      const name = boxName(this.deps.namePrefix, req.sessionId, slot);
-      if (taken.has(name)) continue;
-      const body = buildBoxPod({
-        name,
-        namespace,
+      const boxId = boxName(this.deps.namePrefix, req.sessionId, slot);
+      if (taken.has(boxId)) continue;
+      // A cold pod would be named after the box; its credential goes into the record now, so
+      // the kubelet finds the Secret it mounts complete from the start.
+      const nonce = newNonce();
+      const record = await this.deps.records.create({
+        boxId,
         poolName: policy.poolName,
         sessionId: req.sessionId,
         slot,
-        image,
-        cpuCores,
-        memoryBytes,
+        token: boxdToken(this.deps.boxdKey, this.deps.namespace, boxId, nonce),
+        env: req.env ?? {},
+        idempotencyKey: keyDigest,
+      });
+      if (!record) {
+        // The same key racing through another replica lands on the same slot first.
+        const winner = keyDigest ? (cache.get(boxId) ?? (await this.readPod(boxId))) : undefined;
+        if (winner && this.madeWith(winner, keyDigest!)) return this.created(winner);
+        continue;
+      }
+      const session: SessionBox = {
+        boxId,
+        sessionId: req.sessionId,
+        slot,
+        record: { name: record.metadata!.name!, uid: record.metadata!.uid! },
         ttlSeconds: spec.defaultTtlSeconds,
         now: this.now(),
-        box: spec.box,
-        boxdImage: this.deps.boxdImage,
-        ...(keyDigest ? { idempotencyKey: keyDigest } : {}),
-        ...(req.runtimeClassName ? { runtimeClassName: req.runtimeClassName } : {}),
-        ...(req.serviceAccountName ? { serviceAccountName: req.serviceAccountName } : {}),
-      });
-      let pod: k8s.V1Pod;
+        idempotencyKey: keyDigest,
+      };
       try {
-        pod = await this.deps.call('create box pod', () => this.deps.core.createNamespacedPod({ namespace, body }));
+        const claimed = warm ? await this.claim(cache.warm(policy.poolName, warm.template!), session, req.env) : undefined;
+        if (warm && !claimed) this.deps.onWarmMiss?.();
+        const pod = claimed ?? (await this.createPod(spec, shape, session, nonce));
+        this.deps.onCreated?.(claimed ? 'warm' : 'cold', (performance.now() - started) / 1000);
+        return this.created(pod);
       } catch (err) {
-        if (err instanceof BridgeError && err.type === 'conflict') {
-          // The same key racing through another replica lands on the same slot first.
-          const winner = keyDigest ? await this.readPod(name) : undefined;
-          if (winner && this.madeWith(winner, keyDigest!)) return this.created(winner);
-          continue;
-        }
-        throw explainCreateError(err, namespace, spec);
+        await this.deps.records.delete(boxId, session.record.uid).catch(() => undefined);
+        throw explainCreateError(err, this.deps.namespace, spec);
       }
-      this.deps.onCreated?.();
-      try {
-        await this.deps.secrets.create(pod, this.token(pod), req.env ?? {});
-      } catch (err) {
-        await this.deleteQuietly(pod);
-        throw err;
-      }
-      return this.created(pod);
     }
     throw quotaExceeded(`session already has ${spec.maxBoxesPerSession} boxes; the limit per session is ${spec.maxBoxesPerSession}`);
   }
 
   /**
-   * The box pod: from the cache, or (just created through another replica) from the API server.
-   * A box that is being deleted is gone for every route (404).
+   * Makes one of the ready warm pods this session's box: a merge patch that carries the pod's
+   * resource version, so it fails (409) if anything changed the pod since this replica saw it,
+   * another replica's claim included. The claimed pod's agent must answer (and takes the
+   * create-time env) before the box is handed out; a pod that died meanwhile is let go.
+   */
+  private async claim(candidates: k8s.V1Pod[], session: SessionBox, env: Record<string, string> | undefined): Promise<k8s.V1Pod | undefined> {
+    // Replicas pick at random, so racing claims seldom collide.
+    const order = candidates.sort(() => Math.random() - 0.5).slice(0, CLAIM_ATTEMPTS);
+    for (const warmPod of order) {
+      const meta = sessionMetadata(session);
+      const name = warmPod.metadata!.name!;
+      let pod: k8s.V1Pod;
+      try {
+        pod = await this.deps.call('claim warm pod', () =>
+          this.deps.core.patchNamespacedPod(
+            {
+              name,
+              namespace: this.deps.namespace,
+              body: {
+                metadata: {
+                  resourceVersion: warmPod.metadata!.resourceVersion,
+                  labels: { ...meta.labels, [LABELS.warm]: null },
+                  annotations: meta.annotations,
+                  ownerReferences: meta.ownerReferences,
+                },
+              },
+            },
+            k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
+          ),
+        );
+      } catch (err) {
+        if (err instanceof BridgeError && (err.type === 'conflict' || err.type === 'not_found')) continue; // taken or gone
+        throw err;
+      }
+      try {
+        const target = { box: session.boxId, ip: pod.status!.podIP!, token: this.token(pod) };
+        const signal = AbortSignal.timeout(CLAIM_CHECK_MS);
+        if (env && Object.keys(env).length) await this.deps.boxd.setEnv(target, env, signal);
+        else await this.deps.boxd.health(target, signal);
+        return pod;
+      } catch {
+        // Claimed a pod whose agent does not answer: it is no use to anyone.
+        await this.deleteQuietly(pod, 0);
+      }
+    }
+    return undefined;
+  }
+
+  /**
+   * A new pod for the box. A pool whose quota is held by warm pods gives one of them up: the
+   * create is retried while the quota controller counts that pod out (usually well under a second).
+   */
+  private async createPod(spec: SandboxPoolSpec, shape: BoxShape, session: SessionBox, nonce: string): Promise<k8s.V1Pod> {
+    const body = buildSessionBoxPod(
+      { namespace: this.deps.namespace, poolName: this.deps.policy.poolName, shape, box: spec.box, boxdImage: this.deps.boxdImage, nonce },
+      session,
+    );
+    const evicted = new Set<string>();
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.deps.call('create box pod', () => this.deps.core.createNamespacedPod({ namespace: this.deps.namespace, body }));
+      } catch (err) {
+        const quota = err instanceof BridgeError && err.type === 'forbidden' && /exceeded quota/i.test(err.message);
+        if (!quota || attempt >= QUOTA_RETRIES) throw err;
+        // Unclaimed warm pods hold no one's data: one removed at once frees its quota now. The
+        // resource version guards against a claim through another replica a moment ago; a delete
+        // it refused (the pod changed) is tried again with the version the cache sees next.
+        const seen = (p: k8s.V1Pod) => `${p.metadata!.uid}@${p.metadata!.resourceVersion}`;
+        const spare = this.deps.cache.warm(this.deps.policy.poolName).find((p) => !evicted.has(seen(p)));
+        if (!spare && evicted.size === 0) throw err;
+        if (spare) {
+          evicted.add(seen(spare));
+          await this.deleteQuietly(spare, 0, true);
+        }
+        await new Promise((resolve) => setTimeout(resolve, 150 * 2 ** attempt));
+      }
+    }
+  }
+
+  /**
+   * The pod serving a box: from the cache, or (just made through another replica) from the API
+   * server. A box that is being deleted is gone for every route (404).
    */
   async get(id: string): Promise<k8s.V1Pod> {
     if (!BOX_ID.test(id)) throw new BridgeError('invalid_request', `"${id}" is not a valid box id`);
-    const pod = this.deps.cache.get(id) ?? (await this.readPod(id));
-    if (!pod || pod.metadata?.labels?.[LABELS.box] !== 'true' || this.isDeleting(pod)) throw notFound(id);
+    const pod = this.deps.cache.get(id) ?? (await this.readBoxPod(id));
+    if (!pod || pod.metadata?.labels?.[LABELS.box] !== 'true' || pod.metadata?.labels?.[LABELS.warm] || this.isDeleting(pod)) throw notFound(id);
     return pod;
   }
 
@@ -128,9 +230,10 @@ export class BoxService {
   }
 
   /**
-   * Deletes a box once: the delete is conditional on the resource version we saw, so a second
-   * DELETE racing through another replica whose watch has not seen the first one finds the
-   * pod changed, re-reads it, and answers 404.
+   * Deletes a box once: the pod's delete is conditional on the resource version we saw, so a
+   * second DELETE racing through another replica whose watch has not seen the first one finds
+   * the pod changed, re-reads it, and answers 404. Then the record goes (the operator reaps a
+   * record left behind by a failure here).
    */
   async delete(id: string) {
     let pod = await this.get(id);
@@ -138,24 +241,34 @@ export class BoxService {
       try {
         const preconditions = { uid: pod.metadata!.uid!, resourceVersion: pod.metadata!.resourceVersion! };
         await this.deps.call('delete box pod', () =>
-          this.deps.core.deleteNamespacedPod({ name: id, namespace: this.deps.namespace, propagationPolicy: 'Background', body: { preconditions } }),
+          this.deps.core.deleteNamespacedPod({
+            name: pod.metadata!.name!,
+            namespace: this.deps.namespace,
+            body: { propagationPolicy: 'Background', preconditions },
+          }),
         );
         this.remember(pod.metadata!.uid!);
+        await this.deps.records.delete(id).catch(() => undefined);
         return { box_id: id, status: 'Terminated' as const, deleted_at: this.now().toISOString() };
       } catch (err) {
         if (err instanceof BridgeError && err.type === 'not_found') throw notFound(id);
         if (!(err instanceof BridgeError && err.type === 'conflict')) throw err;
       }
-      const fresh = await this.readPod(id);
+      const fresh = await this.readPod(pod.metadata!.name!);
       if (!fresh || fresh.metadata?.uid !== pod.metadata!.uid || this.isDeleting(fresh)) throw notFound(id);
       pod = fresh;
     }
     throw new BridgeError('cluster_unavailable', `box ${id} kept changing while being deleted; retry`, { headers: { 'Retry-After': '1' } });
   }
 
-  /** boxd's credential for this box (see common/boxd.ts). */
+  /** Boxes that count against the pool's cap (warm pods not included). */
+  activeCount(): number {
+    return this.deps.cache.activeCount();
+  }
+
+  /** boxd's credential for a box pod (see common/boxd.ts). */
   token(pod: k8s.V1Pod): string {
-    return boxdToken(this.deps.boxdKey, this.deps.namespace, pod.metadata!.name!, pod.metadata!.uid!);
+    return boxdToken(this.deps.boxdKey, this.deps.namespace, pod.metadata!.name!, pod.metadata!.annotations?.[BOXD_NONCE_ANNOTATION] ?? '');
   }
 
   private created(pod: k8s.V1Pod) {
@@ -174,8 +287,8 @@ export class BoxService {
 
   private madeWith(pod: k8s.V1Pod, keyDigest: string): boolean {
     if (pod.metadata?.labels?.[LABELS.idempotencyKey] !== keyDigest || this.isDeleting(pod)) return false;
-    const created = pod.metadata?.creationTimestamp ? new Date(pod.metadata.creationTimestamp).getTime() : 0;
-    return this.now().getTime() - created < IDEMPOTENCY_WINDOW_MS;
+    const created = boxStatus(pod).created_at;
+    return this.now().getTime() - (created ? Date.parse(created) : 0) < IDEMPOTENCY_WINDOW_MS;
   }
 
   private isDeleting(pod: k8s.V1Pod): boolean {
@@ -196,12 +309,42 @@ export class BoxService {
     }
   }
 
-  private async deleteQuietly(pod: k8s.V1Pod): Promise<void> {
-    const { name, uid } = pod.metadata!;
+  /** A box's pod by the API server: named after the box (cold), or carrying its id (claimed). */
+  private async readBoxPod(id: string): Promise<k8s.V1Pod | undefined> {
+    const named = await this.readPod(id);
+    if (named && !named.metadata?.labels?.[LABELS.warm]) return named;
+    const labelled = await this.deps.call('list box pod', () =>
+      this.deps.core.listNamespacedPod({ namespace: this.deps.namespace, labelSelector: `${LABELS.boxId}=${id}` }),
+    );
+    return labelled.items.find((p) => !p.metadata?.deletionTimestamp) ?? labelled.items[0];
+  }
+
+  private async deleteQuietly(pod: k8s.V1Pod, gracePeriodSeconds?: number, unchanged = false): Promise<void> {
+    const { name, uid, resourceVersion } = pod.metadata!;
     await this.deps.core
-      .deleteNamespacedPod({ name: name!, namespace: this.deps.namespace, body: { preconditions: { uid: uid! } } })
+      .deleteNamespacedPod({
+        name: name!,
+        namespace: this.deps.namespace,
+        // In the body: the API server ignores query options when a DELETE has a body.
+        body: {
+          ...(gracePeriodSeconds !== undefined ? { gracePeriodSeconds } : {}),
+          preconditions: { uid: uid!, ...(unchanged ? { resourceVersion: resourceVersion! } : {}) },
+        },
+      })
       .catch(() => undefined);
   }
+}
+
+/** When a create is served warm: it asks for exactly the pool's warm shape, and the pool keeps warm boxes. */
+function servedWarm(spec: SandboxPoolSpec, shape: BoxShape): { template?: string } | undefined {
+  if (!(spec.warm.count > 0 || (spec.warm.max ?? 0) > 0) || shape.serviceAccountName) return undefined;
+  const w = warmShape(spec);
+  const same =
+    shape.image === w.image &&
+    formatCpu(shape.cpuCores) === formatCpu(w.cpuCores) &&
+    formatMemory(shape.memoryBytes) === formatMemory(w.memoryBytes) &&
+    (shape.runtimeClassName ?? '') === (w.runtimeClassName ?? '');
+  return same ? {} : undefined;
 }
 
 /** A key names a box only within its session, and is stored as a digest (a label value). */

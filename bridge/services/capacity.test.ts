@@ -58,7 +58,7 @@ test('a pod reserves its containers and sidecars, or its largest init container,
 test('capacity: totals of the counted nodes; used by the boxes, or by every pod when all pods are watched', async () => {
   const nodes = [node('a'), node('b'), node('cordoned', { cordoned: true }), node('other', { labels: {} })];
   const boxes = [box('b1', 'a', '500m', '256Mi'), box('b2', 'b', '1', '512Mi'), box('pending', undefined, '1', '1Gi', 'Pending'), box('done', 'a', '1', '1Gi', 'Failed'), box('elsewhere', 'other', '1', '1Gi')];
-  const reader = { list: () => boxes, activeCount: () => 3 } as unknown as BoxReader;
+  const reader = { list: () => boxes, all: () => boxes, activeCount: () => 3, warmReadyCount: () => 0 } as unknown as BoxReader;
   const policy = staticPolicy('p', withDefaults({ namespace: 'ns', maxBoxes: 40, box: { ...withDefaults({ namespace: '' }).box, nodeSelector: { pool: 'boxes' } } }));
   const nodeReader = { list: () => nodes, synced: () => Promise.resolve() };
 

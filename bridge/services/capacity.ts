@@ -52,13 +52,13 @@ export class CapacityService {
       cpu: { used: cores(used.cpu), total: cores(total.cpu), unit: 'cores' },
       memory: { used: Math.round(used.memory / MiB), total: Math.round(total.memory / MiB), unit: 'MiB' },
       pods: { used: used.pods, total: total.pods },
-      // Warm (pre-started, unclaimed) boxes do not exist yet.
-      boxes: { active: this.deps.boxes.activeCount(), warm: 0, max: spec.maxBoxes },
+      // Warm boxes count against max too (the quota counts every pod).
+      boxes: { active: this.deps.boxes.activeCount(), warm: this.deps.boxes.warmReadyCount(this.deps.policy.poolName), max: spec.maxBoxes },
     };
   }
 
   private *boxRequests(): Iterable<PodRequests> {
-    for (const pod of this.deps.boxes.list()) {
+    for (const pod of this.deps.boxes.all()) {
       const phase = pod.status?.phase;
       if (!pod.spec?.nodeName || phase === 'Succeeded' || phase === 'Failed') continue;
       yield { node: pod.spec.nodeName, ...podRequests(pod.spec) };

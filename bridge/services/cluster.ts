@@ -3,6 +3,7 @@ import { createHash } from 'node:crypto';
 import type * as k8s from '@kubernetes/client-node';
 import type { z } from 'zod';
 import { BridgeError } from '../../common/errors.js';
+import { LABELS } from '../../common/labels.js';
 import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js';
 import { boxState, sandboxSummary } from '../box-pod.js';
 import type { BoxReader } from '../kube/box-cache.js';
@@ -212,7 +213,9 @@ export class ClusterService {
   }
 
   async logs(podName: string, tailLines?: number): Promise<string> {
-    await this.deps.boxes.get(podName); // only boxes, never other pods of the namespace
+    // Only boxes (by pod name, or by box id), never other pods of the namespace.
+    const box = this.deps.cache.pod(podName);
+    if (!box || box.metadata?.labels?.[LABELS.warm]) podName = (await this.deps.boxes.get(podName)).metadata!.name!;
     return this.deps.call('read box logs', () =>
       this.deps.core.readNamespacedPodLog({
         name: podName,

@@ -21,7 +21,7 @@ import {
 } from '../../common/snapshots.js';
 import { WORKSPACE, boxStatus } from '../box-pod.js';
 import type { BoxdClient } from '../boxd/client.js';
-import type { BoxSecrets } from '../kube/box-secrets.js';
+import type { BoxRecords } from '../kube/box-records.js';
 import type { PolicySource } from '../kube/policy.js';
 import type { CreateBoxRequest } from '../schemas.js';
 import type { BoxConnector } from './box-connector.js';
@@ -38,7 +38,7 @@ export interface SnapshotServiceDeps {
   boxd: BoxdClient;
   boxes: Pick<BoxService, 'create' | 'delete'>;
   env: Pick<EnvService, 'merge'>;
-  secrets: Pick<BoxSecrets, 'readEnv'>;
+  records: Pick<BoxRecords, 'readEnv'>;
   policy: PolicySource;
   /** Undefined when no object store is configured: every route then answers 501. */
   store: ObjectStore | undefined;
@@ -85,7 +85,7 @@ export class SnapshotService {
         const id = newSnapshotId(box.session_id, createdAt, new Date(createdAt.getTime() + ttl * 1000));
         // The env and the store first: a box without its Secret, or a store that does not
         // answer, fails fast (within the store's deadline), before any byte moves.
-        const env = await this.deps.secrets.readEnv(pod);
+        const env = await this.deps.records.readEnv(pod, boxId);
         await store.check();
         const tar = await this.deps.boxd.readArchive(target, WORKSPACE, true, signal);
         const meter = new Meter();

@@ -2,7 +2,7 @@
 // cluster (boxes on simulated nodes; commands inside real containers are in bridge-exec).
 import * as k8s from '@kubernetes/client-node';
 import { BOXD_BINARY, BOXD_PORT, BOXD_VERSION_ANNOTATION } from '../../common/boxd.js';
-import { ANNOTATIONS, LABELS, boxSecretName, sessionHash } from '../../common/labels.js';
+import { ANNOTATIONS, LABELS, boxRecordName, sessionHash } from '../../common/labels.js';
 import type { RunningBridge } from '../../bridge/server.js';
 import { ON_SIMULATED_NODES, TEST_TOKEN, api, startTestBridge, testPolicy } from '../support/bridge.js';
 import { LOCAL_BOX_IMAGE, createTestNamespace, deleteTestNamespace, testKubeConfig, waitFor } from '../support/cluster.js';
@@ -111,8 +111,10 @@ test('create, inspect, list and delete a box', async () => {
   expect(box.command).toEqual([BOXD_BINARY, 'serve']);
   expect(box.ports).toEqual([{ name: 'boxd', containerPort: BOXD_PORT, protocol: 'TCP' }]);
   expect(JSON.stringify(pod)).not.toContain('s3cr3t-value');
-  const secret = await core.readNamespacedSecret({ name: boxSecretName(id), namespace });
-  expect(secret.metadata?.ownerReferences?.[0]).toMatchObject({ kind: 'Pod', name: id, uid: pod.metadata?.uid });
+  // The record (named after the box) owns the pod, holds the env and the pod's credential.
+  const secret = await core.readNamespacedSecret({ name: boxRecordName(id), namespace });
+  expect(pod.metadata?.ownerReferences).toEqual([expect.objectContaining({ kind: 'Secret', name: id, uid: secret.metadata?.uid })]);
+  expect(pod.metadata?.labels?.[LABELS.boxId]).toBe(id);
   expect(JSON.parse(Buffer.from(secret.data!.env!, 'base64').toString())).toEqual({ SECRET_TOKEN: 's3cr3t-value' });
   expect(Buffer.from(secret.data!.token!, 'base64').toString()).toMatch(/^[0-9a-f]{64}$/);
   expect(await podNames(`${LABELS.session}=${sessionHash('session-lifecycle')}`)).toEqual([id]);
@@ -310,7 +312,8 @@ test('cluster info, nodes and the OpenAPI document', async () => {
 
   const doc = await call('GET', '/openapi.json');
   expect(doc.json.openapi).toBe('3.1.0');
-  expect(doc.json.paths['/boxes'].post.requestBody.content['application/json'].schema.required).toEqual(['sessionId']);
+  expect(doc.json.paths['/boxes'].post.requestBody.content['application/json'].schema).toEqual({ $ref: '#/components/schemas/CreateBoxRequest' });
+  expect(doc.json.components.schemas.CreateBoxRequest.required).toEqual(['sessionId']);
 });
 
 test('pod metrics come from metrics.k8s.io; without that API the answer is a clear 500', async () => {

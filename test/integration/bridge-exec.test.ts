@@ -6,8 +6,9 @@ import { request as httpRequest } from 'node:http';
 import * as k8s from '@kubernetes/client-node';
 import { BOXD_PORT } from '../../common/boxd.js';
 import type { RunningBridge } from '../../bridge/server.js';
-import { createBridgeClient, type BridgeClient, type OutputEvent } from '../../client/index.js';
-import { ON_REAL_NODE, TEST_TOKEN, api, startTestBridge, testPolicy } from '../support/bridge.js';
+import { PtyExit } from '../../bridge/schemas.js';
+import type { BridgeClient, OutputEvent } from '../../client/index.js';
+import { ON_REAL_NODE, api, startTestBridge, testClient, testPolicy } from '../support/bridge.js';
 import {
   createTestNamespace,
   deleteTestNamespace,
@@ -18,6 +19,7 @@ import {
   testKubeConfig,
   waitFor,
 } from '../support/cluster.js';
+import { checkAnswer, expectSchema } from '../support/contract.js';
 import { tarOf } from '../support/tar.js';
 import { TcpProxy } from '../support/tcp-proxy.js';
 
@@ -58,8 +60,8 @@ suite('inside a real box, through boxd', () => {
     [bridgeA, bridgeB] = await Promise.all([startTestBridge(kc, policy, limits), startTestBridge(kc, policy, limits)]);
     call = api(bridgeA);
     callB = api(bridgeB);
-    client = createBridgeClient({ url: bridgeA.url, token: TEST_TOKEN, retries: 0 });
-    clientB = createBridgeClient({ url: bridgeB.url, token: TEST_TOKEN, retries: 0 });
+    client = testClient(bridgeA, { retries: 0 });
+    clientB = testClient(bridgeB, { retries: 0 });
     const created = await call('POST', '/boxes', { sessionId: 'exec-tests', cpu: 0.5, memory: 256, env: { GREETING: 'hello from create' } });
     expect(created.status).toBe(201);
     box = created.json.box_id;
@@ -331,6 +333,11 @@ suite('inside a real box, through boxd', () => {
   describe('terminal', () => {
     test('an interactive read, and a resize that stty sees', async () => {
       const term = clientB.openTerminal(box, { cols: 80, rows: 24 });
+      // The bridge's text frames are the document's PtyExit.
+      const texts: unknown[] = [];
+      term.socket.addEventListener('message', (e: MessageEvent) => {
+        if (typeof e.data === 'string') texts.push(JSON.parse(e.data));
+      });
       let screen = '';
       term.onData((bytes) => (screen += Buffer.from(bytes).toString('utf8')));
       await term.opened;
@@ -343,6 +350,8 @@ suite('inside a real box, through boxd', () => {
       await waitFor('stty to report the new size', async () => (screen.includes('43 132') ? true : undefined), { timeoutMs: 10_000 });
       term.write('exit 5\n');
       expect(await term.exited).toBe(5);
+      expect(texts).toEqual([{ type: 'exit', exit_code: 5 }]);
+      for (const text of texts) expectSchema(PtyExit, text);
     });
 
     test('without a token, or with a wrong one, the upgrade is refused with the JSON error', async () => {
@@ -362,6 +371,7 @@ suite('inside a real box, through boxd', () => {
         });
         expect(refused.status).toBe(401);
         expect(JSON.parse(refused.body).error.type).toBe('unauthorized');
+        checkAnswer('GET', `/boxes/${box}/pty`, refused.status, 'application/json', refused.body);
       }
     });
   });

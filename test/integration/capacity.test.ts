@@ -4,11 +4,10 @@
 // every pod with CAPACITY_ALL_PODS), and that a change to a node shows through the watch.
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
-import { createBridgeClient } from '../../client/index.js';
 import { withDefaults } from '../../common/pool.js';
 import { ClusterCapacity } from '../../bridge/schemas.js';
 import type { RunningBridge } from '../../bridge/server.js';
-import { TEST_TOKEN, api, startTestBridge, testPolicy } from '../support/bridge.js';
+import { api, startTestBridge, testClient, testPolicy } from '../support/bridge.js';
 import { createTestNamespace, deleteTestNamespace, restrictedPod, testKubeConfig, waitFor } from '../support/cluster.js';
 
 const kc = testKubeConfig();
@@ -64,7 +63,7 @@ test('nodes boxes can use, what the boxes request, the pool headroom; a cordon s
   });
   expect(placed.map((p) => p.spec!.nodeName).every((n) => n === names.a || n === names.b)).toBe(true);
 
-  const client = createBridgeClient({ url: boxesOnly.url, token: TEST_TOKEN });
+  const client = testClient(boxesOnly);
   const expected = {
     cpu: { used: 1, total: 8, unit: 'cores' },
     memory: { used: 512, total: 16384, unit: 'MiB' },
@@ -105,7 +104,7 @@ test('CAPACITY_ALL_PODS: every scheduled pod on the counted nodes is used; a tol
     { CAPACITY_ALL_PODS: 'true' },
   );
   bridges.push(allPods);
-  const client = createBridgeClient({ url: allPods.url, token: TEST_TOKEN });
+  const client = testClient(allPods);
   const capacity = await waitFor('capacity to count the other pod', async () => {
     const c = await client.getCapacity().catch(() => undefined);
     return c && c.pods.used === 3 ? c : undefined;

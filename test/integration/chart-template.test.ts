@@ -16,15 +16,14 @@ const OPERATOR = 'rel-sandbox-bridge-operator';
 
 /** The bridge's Kubernetes calls (bridge/kube, bridge/services), as RBAC rules. */
 const BRIDGE_NAMESPACED_RULES = [
-  { apiGroups: [''], resources: ['pods'], verbs: ['create', 'get', 'list', 'watch', 'delete'] },
+  { apiGroups: [''], resources: ['pods'], verbs: ['create', 'get', 'list', 'watch', 'delete', 'patch'] },
   { apiGroups: [''], resources: ['pods/log'], verbs: ['get'] },
-  { apiGroups: [''], resources: ['pods/exec'], verbs: ['create', 'get'] },
-  { apiGroups: [''], resources: ['secrets'], verbs: ['get', 'create', 'update'] },
+  { apiGroups: [''], resources: ['secrets'], verbs: ['get', 'create', 'update', 'delete'] },
   { apiGroups: ['metrics.k8s.io'], resources: ['pods'], verbs: ['list'] },
 ];
 /** The operator's calls in each pool namespace (operator/controller.ts, pool-reconciler.ts, events). */
 const OPERATOR_NAMESPACED_RULES = [
-  { apiGroups: [''], resources: ['pods', 'secrets'], verbs: ['list', 'watch', 'delete'] },
+  { apiGroups: [''], resources: ['pods', 'secrets'], verbs: ['list', 'watch', 'delete', 'create'] },
   { apiGroups: [''], resources: ['resourcequotas', 'limitranges'], verbs: ['get', 'list', 'watch', 'create', 'patch'] },
   { apiGroups: ['networking.k8s.io'], resources: ['networkpolicies'], verbs: ['get', 'list', 'watch', 'create', 'patch'] },
   { apiGroups: [''], resources: ['events'], verbs: ['create', 'patch'] },
@@ -309,7 +308,7 @@ describe('operator box health and webhooks', () => {
     expect(env(dep)).toMatchObject({ STUCK_PENDING_SECONDS: '300' });
     expect(env(dep).WEBHOOKS_FILE).toBeUndefined();
     expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key', 'rel-sandbox-bridge-token']);
-    expect(dep.spec.template.spec.volumes.map((v: k8s.V1Volume) => v.name)).toEqual(['tmp']);
+    expect(dep.spec.template.spec.volumes.map((v: k8s.V1Volume) => v.name)).toEqual(['tmp', 'boxd-key']);
     // Box events go on the box pods, in the pool namespace: the operator's Role there allows them.
     const role = out.all('Role').find((r) => r.metadata.name === OPERATOR && r.metadata.namespace === 'sandbox')!;
     expect(role.rules).toContainEqual(expect.objectContaining({ resources: ['events'], verbs: expect.arrayContaining(['create']) }));

@@ -3,8 +3,9 @@
 // and the plain client's endpoints and error shapes.
 import { randomBytes } from 'node:crypto';
 import type { RunningBridge } from '../../bridge/server.js';
-import { BridgeClientError, ClusterBridgeSandbox, createBridgeClient, type BridgeClient } from '../../client/index.js';
-import { ON_REAL_NODE, ON_SIMULATED_NODES, TEST_TOKEN, startTestBridge, testPolicy } from '../support/bridge.js';
+import { BridgeClientError, ClusterBridgeSandbox, type BridgeClient } from '../../client/index.js';
+import { ON_REAL_NODE, ON_SIMULATED_NODES, TEST_TOKEN, startTestBridge, testClient, testPolicy } from '../support/bridge.js';
+import { checkedFetch } from '../support/contract.js';
 import { createTestNamespace, deleteTestNamespace, realNodeAvailable, testKubeConfig, waitFor } from '../support/cluster.js';
 
 const kc = testKubeConfig();
@@ -32,7 +33,7 @@ const envFor = (b: RunningBridge, token = TEST_TOKEN) => ({
 beforeAll(async () => {
   namespace = await createTestNamespace(kc, 'client', { 'pod-security.kubernetes.io/enforce': 'restricted' });
   bridge = await startTestBridge(kc, testPolicy(namespace, placement));
-  client = createBridgeClient({ url: bridge.url, token: TEST_TOKEN });
+  client = testClient(bridge);
 });
 
 afterAll(async () => {
@@ -44,7 +45,7 @@ const boxesOf = async (sessionId: string) => (await client.sandboxes()).sandboxe
 
 onRealNode('a whole session: lazy create, exec, files, env, status, destroy', async () => {
   const sessionId = `client-session-${randomBytes(4).toString('hex')}`;
-  const sandbox = ClusterBridgeSandbox.fromEnv({ sessionId, env: envFor(bridge), workdir });
+  const sandbox = ClusterBridgeSandbox.fromEnv({ sessionId, env: envFor(bridge), workdir, fetch: checkedFetch() });
 
   // Lazy: nothing exists until the first operation.
   expect(sandbox.boxId).toBeUndefined();
@@ -97,7 +98,7 @@ onRealNode('a whole session: lazy create, exec, files, env, status, destroy', as
 
 test('destroy after the box was deleted elsewhere (say, by its TTL) counts as done', async () => {
   const sessionId = `client-reaped-${randomBytes(4).toString('hex')}`;
-  const sandbox = ClusterBridgeSandbox.fromEnv({ sessionId, env: envFor(bridge), workdir });
+  const sandbox = ClusterBridgeSandbox.fromEnv({ sessionId, env: envFor(bridge), workdir, fetch: checkedFetch() });
   const status = await sandbox.status(); // status is a first operation too: it creates the box
   expect(status.session_id).toBe(sessionId);
   await client.deleteBox(sandbox.boxId!);
@@ -113,7 +114,7 @@ test('destroy after the box was deleted elsewhere (say, by its TTL) counts as do
 
 test('a wrong token: "create failed: 401" on the first operation, and no box', async () => {
   const sessionId = `client-badtoken-${randomBytes(4).toString('hex')}`;
-  const sandbox = ClusterBridgeSandbox.fromEnv({ sessionId, env: envFor(bridge, `${TEST_TOKEN}-wrong`), workdir });
+  const sandbox = ClusterBridgeSandbox.fromEnv({ sessionId, env: envFor(bridge, `${TEST_TOKEN}-wrong`), workdir, fetch: checkedFetch() });
   const err = (await sandbox.exec('true').catch((e: unknown) => e)) as BridgeClientError;
   expect(err).toBeInstanceOf(BridgeClientError);
   expect(err.message).toMatch(/^create failed: 401 unauthorized: /);

@@ -1,10 +1,10 @@
 // GET /sandboxes with filters and pages through the real bridge (boxes on simulated nodes):
 // every answer checked against the response schema; pages in a stable order; bad parameters 400.
 import type { z } from 'zod';
-import { createBridgeClient, type SandboxList } from '../../client/index.js';
+import type { SandboxList } from '../../client/index.js';
 import { SandboxList as SandboxListSchema } from '../../bridge/schemas.js';
 import type { RunningBridge } from '../../bridge/server.js';
-import { ON_SIMULATED_NODES, TEST_TOKEN, api, startTestBridge, testPolicy } from '../support/bridge.js';
+import { ON_SIMULATED_NODES, api, startTestBridge, testClient, testPolicy } from '../support/bridge.js';
 import { createTestNamespace, deleteTestNamespace, testKubeConfig, waitFor } from '../support/cluster.js';
 
 const kc = testKubeConfig();
@@ -46,7 +46,7 @@ test('without parameters: the spec shape, oldest first', async () => {
 });
 
 test('pages of two: every box once, in the same order as the whole list', async () => {
-  const client = createBridgeClient({ url: bridge.url, token: TEST_TOKEN });
+  const client = testClient(bridge);
   const whole = checked(await client.sandboxes());
   const seen: string[] = [];
   let cont: string | undefined;
@@ -64,7 +64,7 @@ test('pages of two: every box once, in the same order as the whole list', async 
 });
 
 test('filters: by session and status, with pages', async () => {
-  const client = createBridgeClient({ url: bridge.url, token: TEST_TOKEN });
+  const client = testClient(bridge);
   const beta = checked(await client.sandboxes({ sessionId: 'beta' }));
   expect(beta.total).toBe(3);
   expect(beta.sandboxes.every((s) => s.session_id === 'beta')).toBe(true);

@@ -10,8 +10,10 @@ import { withDefaults, type SandboxPoolSpec } from '../../common/pool.js';
 import { ConfigSchema, type Config } from '../../bridge/config.js';
 import { staticPolicy, type PolicySource } from '../../bridge/kube/policy.js';
 import { startBridge, type RunningBridge } from '../../bridge/server.js';
+import { createBridgeClient, type BridgeClient, type BridgeClientOptions } from '../../client/index.js';
 import { LOCAL_BOX_IMAGE, REAL_NODE_LABEL } from './cluster.js';
 import { freePort } from './operator.js';
+import { checkAnswer, checkedFetch } from './contract.js';
 
 export const TEST_TOKEN = `test-token-${randomBytes(12).toString('hex')}`;
 /** Shared by every test bridge (as by every replica of a real install). */
@@ -37,12 +39,13 @@ export function testPolicy(namespace: string, spec: Partial<SandboxPoolSpec> = {
   return staticPolicy(`pool-${namespace}`, withDefaults({ ...spec, namespace }));
 }
 
+/** A bridge replica; without a fixed policy it watches the SandboxPool named by POOL_NAME, as deployed. */
 export async function startTestBridge(
   kc: k8s.KubeConfig,
-  policy: PolicySource,
+  policy: PolicySource | undefined,
   overrides: Record<string, string> = {},
 ): Promise<RunningBridge> {
-  return startBridge(testConfig(overrides), { kc, policy, log: pino({ level: process.env.BRIDGE_TEST_LOG ?? 'silent' }) });
+  return startBridge(testConfig(overrides), { kc, ...(policy ? { policy } : {}), log: pino({ level: process.env.BRIDGE_TEST_LOG ?? 'silent' }) });
 }
 
 /**
@@ -85,7 +88,11 @@ export async function spawnBridge(env: Record<string, string>): Promise<{ url: s
   throw new Error(`bridge did not become ready:\n${output}`);
 }
 
-/** fetch against a bridge with the test token. */
+/**
+ * fetch against a bridge with the test token. Every answer is checked against the API's route
+ * table (support/contract.ts): a status, Content-Type or body the OpenAPI document does not
+ * describe fails the call with a ContractError.
+ */
 export function api(bridge: Pick<RunningBridge, 'url'>, token = TEST_TOKEN) {
   return async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
     const res = await fetch(`${bridge.url}/api/v1${path}`, {
@@ -98,6 +105,7 @@ export function api(bridge: Pick<RunningBridge, 'url'>, token = TEST_TOKEN) {
       ...(body === undefined ? {} : { body: typeof body === 'string' || Buffer.isBuffer(body) ? body : JSON.stringify(body) }),
     });
     const text = await res.text();
+    checkAnswer(method, path, res.status, res.headers.get('content-type'), text);
     let json: any; // eslint-disable-line @typescript-eslint/no-explicit-any
     try {
       json = JSON.parse(text);
@@ -106,6 +114,11 @@ export function api(bridge: Pick<RunningBridge, 'url'>, token = TEST_TOKEN) {
     }
     return { status: res.status, headers: res.headers, json, text };
   };
+}
+
+/** The client against a bridge, every answer checked against the API's route table. */
+export function testClient(bridge: RunningBridge, options: Partial<BridgeClientOptions> = {}): BridgeClient {
+  return createBridgeClient({ url: bridge.url, token: TEST_TOKEN, fetch: checkedFetch(), ...options });
 }
 
 /** Box placement on kwok's simulated nodes (which never pull the image). */

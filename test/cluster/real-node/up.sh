@@ -445,7 +445,10 @@ rm -f "$REAL_NODE_UNAVAILABLE"
 felix_owner() { # prints the checkout holding the machine's felix, if that felix still runs
   local pid root
   [ -f "$FELIX_LOCK" ] && read -r pid root < "$FELIX_LOCK" || return 0
-  kill -0 "$pid" 2>/dev/null && grep -q calico-felix "/proc/$pid/cmdline" 2>/dev/null && printf '%s\n' "$root"
+  # A lock left by a felix that has since died (another session, a reboot) is no owner.
+  if kill -0 "$pid" 2>/dev/null && grep -q calico-felix "/proc/$pid/cmdline" 2>/dev/null; then
+    printf '%s\n' "$root"
+  fi
 }
 owner=$(felix_owner)
 if running "$d/run/felix.pid"; then

@@ -1,0 +1,353 @@
+// Every route of /api/v1 as one table: method, path, parameters, request body and answers, each
+// as the zod schema the route parses with or the service answers with. The OpenAPI document
+// (openapi.ts) is generated from it, and the tests check it against the router (every route
+// Express serves is here and the other way round) and every real answer against it.
+//
+// Adding a route is one entry here beside its handler in routes/*.ts (and its scope in
+// http/scopes.ts when it is not under /boxes, /snapshots, /cluster or /sandboxes). The errors every
+// route can answer are added by openapi.ts and need not be listed: 401, 429, 500, 503; 403 when a
+// scope guards it; 404 when the path names something ({id}, ...); 400 when it has path
+// parameters, a query, headers or a body to check; 413 when it takes a body.
+import type { z } from 'zod';
+import * as S from './schemas.js';
+
+export const JSON_TYPE = 'application/json';
+export const NDJSON = 'application/x-ndjson';
+export const TEXT = 'text/plain';
+export const OCTET = 'application/octet-stream';
+export const TAR = 'application/x-tar';
+export const GZIP = 'application/gzip';
+
+/**
+ * What a body carries per media type: a zod schema (JSON: the whole body; NDJSON: each line), or
+ * `bytes` / `text` for raw content.
+ */
+export type Content = Record<string, z.ZodType | 'bytes' | 'text'>;
+
+export interface ApiResponse {
+  description: string;
+  /** Absent for an answer without a body (the WebSocket 101). */
+  content?: Content;
+}
+
+export interface ApiRoute {
+  /** Unique, camelCase; what generated clients name the call. */
+  operationId: string;
+  method: 'get' | 'post' | 'put' | 'delete';
+  /** Under /api/v1, with OpenAPI's {name} for path parameters. */
+  path: string;
+  summary: string;
+  description?: string;
+  /** One field per {name} of the path. */
+  params?: z.ZodObject;
+  /** The schema the route parses req.query with. */
+  query?: z.ZodObject;
+  headers?: z.ZodObject;
+  body?: { required: boolean; description?: string; content: Content };
+  /** Successful answers by status. */
+  responses: Record<number, ApiResponse>;
+  /** Error statuses beyond the ones every route of its kind can answer (see the top of this file). */
+  errors?: number[];
+  /** A WebSocket route: its subprotocol and the JSON text messages each side sends. */
+  websocket?: { subprotocol: string; fromClient: z.ZodType; fromServer: z.ZodType };
+}
+
+const json = (schema: z.ZodType, description = 'OK'): ApiResponse => ({ description, content: { [JSON_TYPE]: schema } });
+const jsonBody = (schema: z.ZodType) => ({ required: true, content: { [JSON_TYPE]: schema } });
+
+export const API_ROUTES: ApiRoute[] = [
+  // ---- service ----
+  {
+    operationId: 'getHealth',
+    method: 'get',
+    path: '/health',
+    summary: 'Health, versions and box counts',
+    responses: { 200: json(S.Health) },
+  },
+  {
+    operationId: 'getOpenApi',
+    method: 'get',
+    path: '/openapi.json',
+    summary: 'This document',
+    responses: { 200: json(S.OpenApiDocumentBody, 'OpenAPI 3.1 document') },
+  },
+
+  // ---- cluster views ----
+  {
+    operationId: 'getClusterInfo',
+    method: 'get',
+    path: '/cluster/info',
+    summary: 'Kubernetes version, platform and node resources summed',
+    responses: { 200: json(S.ClusterInfo) },
+  },
+  {
+    operationId: 'listNodes',
+    method: 'get',
+    path: '/cluster/nodes',
+    summary: 'Nodes with their resources and the pool boxes running on each',
+    responses: { 200: json(S.NodeList) },
+  },
+  {
+    operationId: 'getCapacity',
+    method: 'get',
+    path: '/cluster/capacity',
+    summary: 'Requested and allocatable resources of the nodes boxes can run on, and the pool headroom',
+    responses: { 200: json(S.ClusterCapacity) },
+  },
+  {
+    operationId: 'listSandboxes',
+    method: 'get',
+    path: '/sandboxes',
+    summary: 'Boxes in the sandbox namespace, oldest first; optionally filtered and paged',
+    query: S.SandboxesQuery,
+    responses: { 200: json(S.SandboxList) },
+  },
+  {
+    operationId: 'getSandboxMetrics',
+    method: 'get',
+    path: '/sandboxes/metrics',
+    summary: 'CPU and memory use of the boxes (from metrics.k8s.io)',
+    responses: { 200: json(S.PodMetricsList) },
+  },
+  {
+    operationId: 'getSandboxLogs',
+    method: 'get',
+    path: '/sandboxes/{podName}/logs',
+    summary: 'Log of a box pod',
+    params: S.PodParams,
+    query: S.LogsQuery,
+    responses: { 200: { description: 'Log text', content: { [TEXT]: 'text' } } },
+  },
+
+  // ---- boxes ----
+  {
+    operationId: 'createBox',
+    method: 'post',
+    path: '/boxes',
+    summary: 'Create a box',
+    description: 'With snapshot_id, a fork: a new box with that snapshot\'s workspace and env (501 without an object store).',
+    headers: S.CreateBoxHeaders,
+    body: jsonBody(S.CreateBoxRequest),
+    responses: { 201: json(S.BoxCreated, 'Created (or, for a repeated Idempotency-Key, the box the first request made)') },
+    errors: [403, 404, 501],
+  },
+  {
+    operationId: 'getBoxStatus',
+    method: 'get',
+    path: '/boxes/{id}/status',
+    summary: 'Box status',
+    params: S.BoxParams,
+    responses: { 200: json(S.BoxStatus) },
+  },
+  {
+    operationId: 'deleteBox',
+    method: 'delete',
+    path: '/boxes/{id}',
+    summary: 'Destroy a box',
+    description: "With a final snapshot (snapshot=true, or the pool's snapshots.onDelete), the box goes only once the snapshot is stored.",
+    params: S.BoxParams,
+    query: S.DeleteBoxQuery,
+    responses: { 200: json(S.BoxDeleted) },
+    errors: [409, 501],
+  },
+
+  // ---- snapshots ----
+  {
+    operationId: 'createSnapshot',
+    method: 'post',
+    path: '/boxes/{id}/snapshots',
+    summary: 'Snapshot the box: its /workspace (compressed tar) and env, into the object store',
+    params: S.BoxParams,
+    body: { required: false, content: { [JSON_TYPE]: S.CreateSnapshotRequest } },
+    responses: { 201: json(S.Snapshot, 'Created') },
+    errors: [409, 501],
+  },
+  {
+    operationId: 'listSnapshots',
+    method: 'get',
+    path: '/snapshots',
+    summary: "A session's snapshots, newest first",
+    query: S.SnapshotsQuery,
+    responses: { 200: json(S.SnapshotList) },
+    errors: [501],
+  },
+  {
+    operationId: 'getSnapshot',
+    method: 'get',
+    path: '/snapshots/{id}',
+    summary: 'One snapshot (never its env)',
+    params: S.SnapshotParams,
+    responses: { 200: json(S.Snapshot) },
+    errors: [501],
+  },
+  {
+    operationId: 'deleteSnapshot',
+    method: 'delete',
+    path: '/snapshots/{id}',
+    summary: 'Delete a snapshot',
+    params: S.SnapshotParams,
+    responses: { 200: json(S.SnapshotDeleted) },
+    errors: [501],
+  },
+  {
+    operationId: 'setEnv',
+    method: 'post',
+    path: '/boxes/{id}/env',
+    summary: 'Set environment variables for later commands, processes and terminals',
+    params: S.BoxParams,
+    body: jsonBody(S.SetEnvRequest),
+    responses: { 200: json(S.EnvUpdated) },
+    errors: [409],
+  },
+
+  // ---- commands ----
+  {
+    operationId: 'exec',
+    method: 'post',
+    path: '/boxes/{id}/exec',
+    summary: 'Run a command (sh -c) in the box',
+    description: 'With Accept: application/x-ndjson the output streams as lines as it comes, then an exit line; an error after the stream began is a last error line.',
+    params: S.BoxParams,
+    body: jsonBody(S.ExecRequest),
+    responses: { 200: { description: 'The result, or a stream of output lines', content: { [JSON_TYPE]: S.ExecResult, [NDJSON]: S.OutputLine } } },
+    errors: [409],
+  },
+  {
+    operationId: 'startProcess',
+    method: 'post',
+    path: '/boxes/{id}/processes',
+    summary: 'Start a background process',
+    params: S.BoxParams,
+    body: jsonBody(S.StartProcessRequest),
+    responses: { 201: json(S.ProcessInfo, 'Started') },
+    errors: [409],
+  },
+  {
+    operationId: 'listProcesses',
+    method: 'get',
+    path: '/boxes/{id}/processes',
+    summary: 'Background processes, running first',
+    params: S.BoxParams,
+    responses: { 200: json(S.ProcessList) },
+    errors: [409],
+  },
+  {
+    operationId: 'getProcess',
+    method: 'get',
+    path: '/boxes/{id}/processes/{pid}',
+    summary: 'One background process',
+    params: S.ProcessParams,
+    responses: { 200: json(S.ProcessInfo) },
+    errors: [409],
+  },
+  {
+    operationId: 'getProcessOutput',
+    method: 'get',
+    path: '/boxes/{id}/processes/{pid}/output',
+    summary: 'Output from an offset (replay), then with follow=true as it comes until the process exits',
+    params: S.ProcessParams,
+    query: S.ProcessOutputQuery,
+    responses: { 200: { description: 'A start line, output lines with offsets, then an exit line once the process ended', content: { [NDJSON]: S.OutputLine } } },
+    errors: [409],
+  },
+  {
+    operationId: 'writeProcessStdin',
+    method: 'post',
+    path: '/boxes/{id}/processes/{pid}/stdin',
+    summary: "Write the raw body to the process's standard input; eof=true closes it afterwards",
+    params: S.ProcessParams,
+    query: S.StdinQuery,
+    body: { required: false, content: { [OCTET]: 'bytes' } },
+    responses: { 200: json(S.StdinWritten) },
+    errors: [409],
+  },
+  {
+    operationId: 'signalProcess',
+    method: 'post',
+    path: '/boxes/{id}/processes/{pid}/signal',
+    summary: "Signal the process's group",
+    params: S.ProcessParams,
+    body: jsonBody(S.SignalRequest),
+    responses: { 200: json(S.ProcessInfo) },
+    errors: [409],
+  },
+  {
+    operationId: 'openTerminal',
+    method: 'get',
+    path: '/boxes/{id}/pty',
+    summary: 'Interactive terminal (WebSocket)',
+    description:
+      `A WebSocket upgrade with subprotocol ${S.PTY_PROTOCOL}; the token may also come as a second subprotocol ` +
+      `${S.BEARER_PROTOCOL_PREFIX}<base64url token>. Binary frames carry terminal bytes both ways; text frames from the caller are ` +
+      'PtyControl, from the bridge PtyExit (then it closes with 1000). A refused upgrade is an ordinary JSON error answer.',
+    params: S.BoxParams,
+    query: S.PtyQuery,
+    responses: { 101: { description: 'Switching to the WebSocket protocol' } },
+    errors: [409],
+    websocket: { subprotocol: S.PTY_PROTOCOL, fromClient: S.PtyControl, fromServer: S.PtyExit },
+  },
+
+  // ---- files ----
+  {
+    operationId: 'readFile',
+    method: 'get',
+    path: '/boxes/{id}/files',
+    summary: 'Read a file: JSON, or the raw bytes with Accept: application/octet-stream',
+    params: S.BoxParams,
+    query: S.FileQuery,
+    responses: { 200: { description: 'The file', content: { [JSON_TYPE]: S.FileRead, [OCTET]: 'bytes' } } },
+    errors: [403, 409, 413],
+  },
+  {
+    operationId: 'writeFile',
+    method: 'put',
+    path: '/boxes/{id}/files',
+    summary: 'Write a file (parents created); the body is the raw content, or base64 text with base64=true',
+    params: S.BoxParams,
+    query: S.FileQuery,
+    body: { required: true, content: { [OCTET]: 'bytes', [TEXT]: 'text' } },
+    responses: { 200: json(S.FileWritten) },
+    errors: [403, 409],
+  },
+  {
+    operationId: 'deleteFile',
+    method: 'delete',
+    path: '/boxes/{id}/files',
+    summary: 'Delete a file or (recursive=true) a directory tree',
+    params: S.BoxParams,
+    query: S.FileDeleteQuery,
+    responses: { 200: json(S.FileDeleted) },
+    errors: [403, 409],
+  },
+  {
+    operationId: 'listFiles',
+    method: 'get',
+    path: '/boxes/{id}/files/list',
+    summary: 'Directory listing (symlinks listed, not followed)',
+    params: S.BoxParams,
+    query: S.FileListQuery,
+    responses: { 200: json(S.FileList) },
+    errors: [403, 409],
+  },
+  {
+    operationId: 'downloadArchive',
+    method: 'get',
+    path: '/boxes/{id}/archive',
+    summary: 'A tar (gzip=true: tar.gz) of a directory or file, streamed',
+    params: S.BoxParams,
+    query: S.ArchiveQuery,
+    responses: { 200: { description: 'tar stream', content: { [TAR]: 'bytes', [GZIP]: 'bytes' } } },
+    errors: [403, 409],
+  },
+  {
+    operationId: 'uploadArchive',
+    method: 'put',
+    path: '/boxes/{id}/archive',
+    summary: 'Extract a tar or tar.gz into a directory (created if missing), all or nothing; escaping entries, links out and devices refused',
+    params: S.BoxParams,
+    query: S.ArchiveQuery,
+    body: { required: true, content: { [TAR]: 'bytes', [GZIP]: 'bytes' } },
+    responses: { 200: json(S.ArchiveWritten) },
+    errors: [403, 409],
+  },
+];

@@ -1,0 +1,147 @@
+// A box's record: a Secret named after the box id. Creating it takes the session's slot
+// atomically (two replicas racing for a slot collide on the name, whether the box then gets a
+// new pod or claims a warm one). It holds the durable copy of the box's env, and a cold pod's
+// credential; the box's pod is its dependent, so deleting the record takes the pod along.
+// Values never appear in the pod spec, in responses or in logs.
+import type * as k8s from '@kubernetes/client-node';
+import { BOX_SECRET_KEYS } from '../../common/boxd.js';
+import { buildBoxSecret } from '../../common/box-pod.js';
+import { BridgeError } from '../../common/errors.js';
+import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, boxRecordName, sessionHash } from '../../common/labels.js';
+import type { KubeCall } from './instrument.js';
+
+/** Kubernetes caps a Secret at 1 MiB; keep clear of it. */
+export const MAX_ENV_BYTES = 900 * 1024;
+const MAX_ATTEMPTS = 5;
+
+export interface NewRecord {
+  boxId: string;
+  poolName: string;
+  sessionId: string;
+  slot: number;
+  /** The credential of a cold pod that will mount this record; empty when a warm pod is claimed. */
+  token: string;
+  env: Record<string, string>;
+  idempotencyKey?: string | undefined;
+}
+
+export class BoxRecords {
+  constructor(
+    private readonly core: k8s.CoreV1Api,
+    private readonly call: KubeCall,
+    private readonly namespace: string,
+  ) {}
+
+  /** Takes the slot: resolves with the record, or undefined when the slot is taken. */
+  async create(r: NewRecord): Promise<k8s.V1Secret | undefined> {
+    checkSize(r.env);
+    const body = buildBoxSecret({
+      name: boxRecordName(r.boxId),
+      namespace: this.namespace,
+      poolName: r.poolName,
+      component: SECRET_COMPONENTS.record,
+      token: r.token,
+      env: r.env,
+      labels: {
+        [LABELS.session]: sessionHash(r.sessionId),
+        [LABELS.slot]: String(r.slot),
+        ...(r.idempotencyKey ? { [LABELS.idempotencyKey]: r.idempotencyKey } : {}),
+      },
+      annotations: { [ANNOTATIONS.sessionId]: r.sessionId },
+    });
+    try {
+      return await this.call('create box record', () => this.core.createNamespacedSecret({ namespace: this.namespace, body }));
+    } catch (err) {
+      if (err instanceof BridgeError && err.type === 'conflict') return undefined;
+      throw err;
+    }
+  }
+
+  async read(boxId: string): Promise<k8s.V1Secret | undefined> {
+    try {
+      return await this.call('read box record', () => this.core.readNamespacedSecret({ name: boxRecordName(boxId), namespace: this.namespace }));
+    } catch (err) {
+      if (err instanceof BridgeError && err.type === 'not_found') return undefined;
+      throw err;
+    }
+  }
+
+  /** Deletes the record (and so, by garbage collection, a pod still attached); absent is fine. */
+  async delete(boxId: string, uid?: string): Promise<void> {
+    await this.call('delete box record', () =>
+      this.core.deleteNamespacedSecret({
+        name: boxRecordName(boxId),
+        namespace: this.namespace,
+        // Options in the body: the API server ignores query options when a DELETE has a body.
+        body: { propagationPolicy: 'Background', ...(uid ? { preconditions: { uid } } : {}) },
+      }),
+    ).catch((err: unknown) => {
+      if (!(err instanceof BridgeError && (err.type === 'not_found' || err.type === 'conflict'))) throw err;
+    });
+  }
+
+  /** The box's durable env (for a snapshot), from the record the pod belongs to; never logged or returned by the API. */
+  async readEnv(pod: k8s.V1Pod, boxId: string): Promise<Record<string, string>> {
+    const existing = await this.read(boxId);
+    if (!existing || existing.metadata?.uid !== recordOf(pod, boxId)) {
+      throw new BridgeError('conflict', `box ${boxId} has no record of its own (it is being replaced or deleted); create a new box`);
+    }
+    return envOf(existing);
+  }
+
+  /**
+   * Merges vars into the box's durable env and returns how many variables are now set. Only
+   * the record the pod belongs to (its owner, by UID) is used. Optimistic concurrency: a
+   * concurrent writer makes us re-read and retry.
+   */
+  async mergeEnv(pod: k8s.V1Pod, boxId: string, vars: Record<string, string>): Promise<number> {
+    const owner = recordOf(pod, boxId);
+    for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
+      const existing = await this.read(boxId);
+      if (!existing || existing.metadata?.uid !== owner) {
+        throw new BridgeError('conflict', `box ${boxId} has no record of its own (it is being replaced or deleted); create a new box`);
+      }
+      const merged = { ...envOf(existing), ...vars };
+      checkSize(merged);
+      try {
+        await this.call('update box record', () =>
+          this.core.replaceNamespacedSecret({
+            name: boxRecordName(boxId),
+            namespace: this.namespace,
+            body: { ...existing, data: { ...existing.data, [BOX_SECRET_KEYS.env]: Buffer.from(JSON.stringify(merged), 'utf8').toString('base64') } },
+          }),
+        );
+        return Object.keys(merged).length;
+      } catch (err) {
+        if (err instanceof BridgeError && err.type === 'conflict') continue; // lost a race; reread
+        throw err;
+      }
+    }
+    throw new BridgeError('cluster_unavailable', `could not update the environment of box ${boxId}: too many concurrent updates; retry`, {
+      headers: { 'Retry-After': '1' },
+    });
+  }
+}
+
+/** The UID of the record a box pod belongs to (its owner reference). */
+export function recordOf(pod: k8s.V1Pod, boxId: string): string | undefined {
+  return pod.metadata?.ownerReferences?.find((o) => o.kind === 'Secret' && o.name === boxRecordName(boxId))?.uid;
+}
+
+export function envOf(secret: k8s.V1Secret): Record<string, string> {
+  const raw = secret.data?.[BOX_SECRET_KEYS.env];
+  if (!raw) return {};
+  try {
+    return JSON.parse(Buffer.from(raw, 'base64').toString('utf8')) as Record<string, string>;
+  } catch {
+    return {};
+  }
+}
+
+export function checkSize(vars: Record<string, string>): void {
+  let bytes = 0;
+  for (const [k, v] of Object.entries(vars)) bytes += k.length + Buffer.byteLength(v);
+  if (bytes > MAX_ENV_BYTES) {
+    throw new BridgeError('payload_too_large', `environment variables total ${bytes} bytes; the limit is ${MAX_ENV_BYTES}`);
+  }
+}

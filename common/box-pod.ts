@@ -1,0 +1,249 @@
+// Box pods, as bridge (cold creates) and operator (warm boxes) both build them: the pod spec
+// (pure; every security default lives here), what a session's box adds to a pod's metadata
+// (cold creates put it in at once, a warm claim patches it in), and the warm template's hash.
+import { createHash } from 'node:crypto';
+import type { V1ObjectMeta, V1OwnerReference, V1Pod, V1Secret, V1SecurityContext } from '@kubernetes/client-node';
+import { BOXD_BINARY, BOXD_BIN_DIR, BOXD_NONCE_ANNOTATION, BOXD_PORT, BOXD_PROTOCOL_VERSION, BOXD_SECRET_DIR, BOXD_VERSION_ANNOTATION, BOX_SECRET_KEYS } from './boxd.js';
+import { ANNOTATIONS, LABELS, MANAGED_BY, sessionHash } from './labels.js';
+import type { BoxPolicy, SandboxPoolSpec } from './pool.js';
+import { formatCpu, formatMemory, parseQuantity } from './quantity.js';
+
+export const BOX_CONTAINER = 'box';
+export const BOXD_INSTALL_CONTAINER = 'boxd-install';
+export const WORKSPACE = '/workspace';
+
+/** What a box runs on: the fields a create request may set, resolved. */
+export interface BoxShape {
+  image: string;
+  cpuCores: number;
+  memoryBytes: number;
+  runtimeClassName?: string | undefined;
+  serviceAccountName?: string | undefined;
+}
+
+export interface BoxPodParams {
+  name: string;
+  namespace: string;
+  poolName: string;
+  shape: BoxShape;
+  box: BoxPolicy;
+  /** The image whose /boxd the init container installs (a static binary, see boxd/). */
+  boxdImage: string;
+  /** Random per pod: the pod's boxd credential is derived from it (common/boxd.ts). */
+  nonce: string;
+  /** The Secret the box's credential and env come from (the box record, or a warm pod's own). */
+  secretName: string;
+}
+
+/** Every container of a box: the restricted Pod Security profile, read-only root. */
+const LOCKED_DOWN: V1SecurityContext = {
+  allowPrivilegeEscalation: false,
+  readOnlyRootFilesystem: true,
+  runAsNonRoot: true,
+  capabilities: { drop: ['ALL'] },
+};
+
+/**
+ * A box pod: boxd (installed by an init container into an emptyDir) runs as PID 1 of the box
+ * container in the user's image, as the box user. The credential and env reach it as two files
+ * of a Secret; nothing secret is in the pod spec. Session metadata is added by sessionMetadata().
+ */
+export function buildBoxPod(p: BoxPodParams): V1Pod {
+  const cpu = formatCpu(p.shape.cpuCores);
+  const memory = formatMemory(p.shape.memoryBytes);
+  // The init container gets the box's own resources, so it changes neither scheduling nor quota.
+  const resources = { requests: { cpu, memory }, limits: { cpu, memory } };
+  return {
+    apiVersion: 'v1',
+    kind: 'Pod',
+    metadata: {
+      name: p.name,
+      namespace: p.namespace,
+      labels: {
+        [LABELS.box]: 'true',
+        [LABELS.pool]: p.poolName,
+        [LABELS.managedBy]: MANAGED_BY,
+        [LABELS.component]: 'box',
+      },
+      annotations: {
+        [BOXD_VERSION_ANNOTATION]: BOXD_PROTOCOL_VERSION,
+        [BOXD_NONCE_ANNOTATION]: p.nonce,
+      },
+    },
+    spec: {
+      restartPolicy: 'Never',
+      automountServiceAccountToken: false,
+      enableServiceLinks: false,
+      terminationGracePeriodSeconds: 5,
+      ...(p.shape.runtimeClassName ? { runtimeClassName: p.shape.runtimeClassName } : {}),
+      ...(p.shape.serviceAccountName ? { serviceAccountName: p.shape.serviceAccountName } : {}),
+      ...(p.box.nodeSelector ? { nodeSelector: p.box.nodeSelector } : {}),
+      ...(p.box.tolerations ? { tolerations: p.box.tolerations } : {}),
+      securityContext: {
+        runAsNonRoot: true,
+        runAsUser: 65534,
+        runAsGroup: 65534,
+        fsGroup: 65534,
+        seccompProfile: { type: 'RuntimeDefault' },
+      },
+      initContainers: [
+        {
+          name: BOXD_INSTALL_CONTAINER,
+          image: p.boxdImage,
+          imagePullPolicy: 'IfNotPresent',
+          args: ['install', BOXD_BINARY],
+          resources,
+          securityContext: LOCKED_DOWN,
+          volumeMounts: [{ name: 'boxd', mountPath: BOXD_BIN_DIR }],
+        },
+      ],
+      containers: [
+        {
+          name: BOX_CONTAINER,
+          image: p.shape.image,
+          imagePullPolicy: 'IfNotPresent',
+          command: [BOXD_BINARY, 'serve'],
+          workingDir: WORKSPACE,
+          env: [{ name: 'HOME', value: WORKSPACE }],
+          ports: [{ name: 'boxd', containerPort: BOXD_PORT, protocol: 'TCP' }],
+          resources,
+          securityContext: LOCKED_DOWN,
+          volumeMounts: [
+            { name: 'workspace', mountPath: WORKSPACE },
+            { name: 'tmp', mountPath: '/tmp' },
+            { name: 'boxd', mountPath: BOXD_BIN_DIR, readOnly: true },
+            { name: 'box-secret', mountPath: BOXD_SECRET_DIR, readOnly: true },
+          ],
+        },
+      ],
+      volumes: [
+        { name: 'workspace', emptyDir: { sizeLimit: p.box.workspaceSizeLimit } },
+        { name: 'tmp', emptyDir: { sizeLimit: p.box.tmpSizeLimit } },
+        { name: 'boxd', emptyDir: { sizeLimit: '64Mi' } },
+        {
+          name: 'box-secret',
+          secret: {
+            secretName: p.secretName,
+            // Group-readable: the kubelet gives the files the pod's fsGroup (the box user's group).
+            defaultMode: 0o440,
+            items: [
+              { key: BOX_SECRET_KEYS.token, path: BOX_SECRET_KEYS.token },
+              { key: BOX_SECRET_KEYS.env, path: BOX_SECRET_KEYS.env },
+            ],
+          },
+        },
+      ],
+    },
+  };
+}
+
+export interface SessionBox {
+  boxId: string;
+  sessionId: string;
+  slot: number;
+  /** The box's record (a Secret named boxId); the pod is its dependent. */
+  record: { name: string; uid: string };
+  ttlSeconds: number;
+  now: Date;
+  /** Digest of the create request's Idempotency-Key (a label, so a retry finds the box). */
+  idempotencyKey?: string | undefined;
+}
+
+/**
+ * What makes a pod a session's box: labels to find it by, when it expires (its TTL starts now:
+ * at a cold create, or when a warm pod is claimed), and its record as owner, so deleting the
+ * record takes the pod with it.
+ */
+export function sessionMetadata(s: SessionBox): Required<Pick<V1ObjectMeta, 'labels' | 'annotations' | 'ownerReferences'>> {
+  const expiresAt = new Date(s.now.getTime() + s.ttlSeconds * 1000);
+  const owner: V1OwnerReference = { apiVersion: 'v1', kind: 'Secret', name: s.record.name, uid: s.record.uid, blockOwnerDeletion: false };
+  return {
+    labels: {
+      [LABELS.boxId]: s.boxId,
+      [LABELS.session]: sessionHash(s.sessionId),
+      [LABELS.slot]: String(s.slot),
+      ...(s.idempotencyKey ? { [LABELS.idempotencyKey]: s.idempotencyKey } : {}),
+    },
+    annotations: {
+      [ANNOTATIONS.sessionId]: s.sessionId,
+      [ANNOTATIONS.createdAt]: s.now.toISOString(),
+      [ANNOTATIONS.expiresAt]: expiresAt.toISOString().replace(/\.\d{3}Z$/, 'Z'),
+      [ANNOTATIONS.ttlSeconds]: String(s.ttlSeconds),
+    },
+    ownerReferences: [owner],
+  };
+}
+
+/** A cold box: a pod named after the box, its session metadata in from the start. */
+export function buildSessionBoxPod(p: Omit<BoxPodParams, 'name' | 'secretName'>, s: SessionBox): V1Pod {
+  const pod = buildBoxPod({ ...p, name: s.boxId, secretName: s.record.name });
+  const meta = sessionMetadata(s);
+  pod.metadata = {
+    ...pod.metadata,
+    labels: { ...pod.metadata!.labels, ...meta.labels },
+    annotations: { ...pod.metadata!.annotations, ...meta.annotations },
+    ownerReferences: meta.ownerReferences,
+  };
+  return pod;
+}
+
+/** The shape of a pool's warm boxes: its defaults, and the warm runtime class. */
+export function warmShape(spec: SandboxPoolSpec): BoxShape {
+  return {
+    image: spec.box.defaultImage,
+    cpuCores: parseQuantity(spec.box.defaultCpu),
+    memoryBytes: parseQuantity(spec.box.defaultMemory),
+    ...(spec.warm?.runtimeClassName ? { runtimeClassName: spec.warm.runtimeClassName } : {}),
+  };
+}
+
+/**
+ * A digest of everything a warm pod is made from: a pool edit or a new boxd image changes it,
+ * and the operator then replaces warm pods of the old template, and claims skip them.
+ */
+export function warmTemplateHash(spec: SandboxPoolSpec, boxdImage: string): string {
+  const { box } = spec;
+  const template = {
+    shape: warmShape(spec),
+    workspace: box.workspaceSizeLimit,
+    tmp: box.tmpSizeLimit,
+    nodeSelector: box.nodeSelector ?? null,
+    tolerations: box.tolerations ?? null,
+    boxdImage,
+  };
+  return createHash('sha256').update(JSON.stringify(template)).digest('hex').slice(0, 16);
+}
+
+/**
+ * A Secret boxd reads its credential and env from: a box's record (named after the box, holding
+ * its session slot; no owner, the operator reaps it) or a warm pod's own (owned by the pod).
+ */
+export function buildBoxSecret(p: {
+  name: string;
+  namespace: string;
+  poolName: string;
+  component: string;
+  token: string;
+  env: Record<string, string>;
+  labels?: Record<string, string>;
+  annotations?: Record<string, string>;
+  owner?: V1OwnerReference;
+}): V1Secret {
+  return {
+    apiVersion: 'v1',
+    kind: 'Secret',
+    type: 'Opaque',
+    metadata: {
+      name: p.name,
+      namespace: p.namespace,
+      labels: { [LABELS.box]: 'true', [LABELS.managedBy]: MANAGED_BY, [LABELS.component]: p.component, [LABELS.pool]: p.poolName, ...p.labels },
+      ...(p.annotations ? { annotations: p.annotations } : {}),
+      ...(p.owner ? { ownerReferences: [p.owner] } : {}),
+    },
+    data: { [BOX_SECRET_KEYS.token]: base64(p.token), [BOX_SECRET_KEYS.env]: base64(JSON.stringify(p.env)) },
+  };
+}
+
+function base64(text: string): string {
+  return Buffer.from(text, 'utf8').toString('base64');
+}

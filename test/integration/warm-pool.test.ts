@@ -1,0 +1,238 @@
+// Warm boxes on the real node: the operator keeps a pool's warm boxes ready and rolls them when
+// the template changes; creates of the warm shape claim one (compare-and-swap, so two bridge
+// replicas never hand one pod to two boxes), everything else falls back to a new pod; quota,
+// TTL and env work as for any box.
+import { readdirSync, readFileSync } from 'node:fs';
+import * as k8s from '@kubernetes/client-node';
+import { ANNOTATIONS, LABELS } from '../../common/labels.js';
+import type { RunningBridge } from '../../bridge/server.js';
+import { ON_REAL_NODE, TEST_BOXD_IMAGE, TEST_BOXD_KEY, api, startTestBridge } from '../support/bridge.js';
+import { realNodeAvailable, testKubeConfig, waitFor } from '../support/cluster.js';
+import { Pools, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
+
+const kc = testKubeConfig();
+const core = kc.makeApiClient(k8s.CoreV1Api);
+const realNode = await realNodeAvailable(kc);
+if (!realNode.available) console.warn(`SKIPPED warm pool tests (they need the real node): ${realNode.reason}`);
+const suite = realNode.available ? describe : describe.skip;
+
+const WARM = 3;
+
+suite('warm boxes', () => {
+  const pools = new Pools(kc, uniqueName('warm'));
+  let operator: OperatorProcess;
+  let pool: { name: string; ns: string };
+  let a: RunningBridge;
+  let b: RunningBridge;
+  let callA: ReturnType<typeof api>;
+  let callB: ReturnType<typeof api>;
+
+  const warmPods = async () =>
+    (await core.listNamespacedPod({ namespace: pool.ns, labelSelector: `${LABELS.warm}=${pool.name}` })).items.filter((p) => !p.metadata?.deletionTimestamp);
+  const isReady = (p: k8s.V1Pod) => p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') === true;
+  const status = async () => (await pools.get(pool.name)).status ?? {};
+  const waitWarm = (ready: number, what = `${ready} warm boxes ready`) =>
+    waitFor(what, async () => ((await status()).warmReady === ready && (await warmPods()).filter(isReady).length === ready ? true : undefined), {
+      timeoutMs: 90_000,
+      intervalMs: 250,
+    });
+
+  beforeAll(async () => {
+    await installCrd(kc);
+    operator = await startOperator({
+      leaseName: uniqueName('warm-lease'),
+      shard: pools.shard,
+      env: { BOXD_IMAGE: TEST_BOXD_IMAGE, BOXD_KEY: TEST_BOXD_KEY, ORPHAN_SECRET_GRACE_SECONDS: '5' },
+    });
+    pool = await pools.createReady({
+      maxBoxes: 12,
+      box: { ...ON_REAL_NODE.box, defaultCpu: '10m', defaultMemory: '48Mi' },
+      warm: { count: WARM },
+    });
+    [a, b] = await Promise.all([
+      startTestBridge(kc, undefined, { POOL_NAME: pool.name, SANDBOX_NAMESPACE: pool.ns }),
+      startTestBridge(kc, undefined, { POOL_NAME: pool.name, SANDBOX_NAMESPACE: pool.ns }),
+    ]);
+    callA = api(a);
+    callB = api(b);
+  }, 120_000);
+
+  afterAll(async () => {
+    await Promise.all([a?.close(), b?.close()]);
+    await operator?.stop();
+    await pools.cleanup();
+  }, 60_000);
+
+  test('the operator keeps the pool\'s warm boxes ready; kubectl shows warm ready/desired', async () => {
+    await waitWarm(WARM);
+    expect(await status()).toMatchObject({ warmReady: WARM, warmDesired: WARM });
+    const crd = await kc.makeApiClient(k8s.ApiextensionsV1Api).readCustomResourceDefinition({ name: 'sandboxpools.sandbox-bridge.io' });
+    expect(crd.spec.versions[0]!.additionalPrinterColumns!.map((c) => c.name)).toEqual(expect.arrayContaining(['Warm', 'Warm-Desired']));
+    // Warm boxes are no session's: not in the list, not active.
+    expect((await callA('GET', '/sandboxes')).json.total).toBe(0);
+    expect((await callA('GET', '/health')).json.active_boxes).toBe(0);
+    expect((await callA('GET', '/cluster/capacity')).json.boxes).toMatchObject({ active: 0, warm: WARM });
+  }, 120_000);
+
+  test('a create of the warm shape claims one: answering at once, env pushed, TTL from the claim; the pool refills', async () => {
+    await waitWarm(WARM);
+    const started = performance.now();
+    const created = await callA('POST', '/boxes', { sessionId: 'warm-claim', env: { GREETING: 'warm hello' } });
+    const createMs = performance.now() - started;
+    expect(created.status).toBe(201);
+    expect(created.json.box_id).toMatch(/^box-[0-9a-f]{12}-0$/);
+    expect(created.json.pod_name).toMatch(/^box-warm-/);
+    expect(created.json.status).toBe('Running');
+    const exec = await callB('POST', `/boxes/${created.json.box_id}/exec`, { command: 'echo "$GREETING"; cat /opt/sandbox-bridge/secret/env' });
+    expect(exec.json).toMatchObject({ exit_code: 0, stdout: 'warm hello\n{}' }); // the warm pod's own Secret has no env
+    const firstExecMs = performance.now() - started;
+    console.log(`warm create ${createMs.toFixed(1)} ms, create -> first exec answered ${firstExecMs.toFixed(1)} ms`);
+
+    const pod = await core.readNamespacedPod({ name: created.json.pod_name, namespace: pool.ns });
+    expect(pod.metadata?.labels?.[LABELS.warm]).toBeUndefined();
+    expect(pod.metadata?.labels?.[LABELS.boxId]).toBe(created.json.box_id);
+    expect(pod.metadata?.ownerReferences).toEqual([expect.objectContaining({ kind: 'Secret', name: created.json.box_id })]);
+    const createdAt = Date.parse(pod.metadata!.annotations![ANNOTATIONS.createdAt]!);
+    expect(Date.parse(pod.metadata!.annotations![ANNOTATIONS.expiresAt]!) - createdAt).toBeGreaterThan(3590_000);
+    expect(createdAt).toBeGreaterThan(new Date(pod.metadata!.creationTimestamp!).getTime()); // claimed after it started
+    const listed = (await callB('GET', '/sandboxes')).json.sandboxes;
+    expect(listed).toEqual([expect.objectContaining({ name: created.json.pod_name, box_id: created.json.box_id, session_id: 'warm-claim' })]);
+    expect((await callA('GET', '/health')).json.active_boxes).toBe(1);
+
+    await waitWarm(WARM, 'the pool to refill');
+    expect((await callA('DELETE', `/boxes/${created.json.box_id}`)).status).toBe(200);
+    expect((await callB('GET', `/boxes/${created.json.box_id}/status`)).status).toBe(404);
+  }, 120_000);
+
+  test('a create that does not match the warm shape, or finds no warm box, makes a new pod without error', async () => {
+    const other = await callA('POST', '/boxes', { sessionId: 'warm-miss', memory: 64 });
+    expect(other.status).toBe(201);
+    expect(other.json.pod_name).toBe(other.json.box_id);
+    expect((await callA('POST', `/boxes/${other.json.box_id}/exec`, { command: 'echo cold' })).json.stdout).toBe('cold\n');
+    await callA('DELETE', `/boxes/${other.json.box_id}`);
+  }, 120_000);
+
+  test('a warm box whose pod dies just before the claim is never handed out', async () => {
+    await waitWarm(WARM);
+    // Kill every warm box's agent from the host: the watch still shows them Ready for a moment.
+    const pods = await warmPods();
+    const killed = killAgents(pods.map((p) => p.metadata!.uid!));
+    expect(killed).toBe(WARM);
+    const created = await callB('POST', '/boxes', { sessionId: 'warm-dead' });
+    expect(created.status).toBe(201);
+    expect(created.json.pod_name).toBe(created.json.box_id); // fell back to a new pod
+    expect((await callB('POST', `/boxes/${created.json.box_id}/exec`, { command: 'echo alive' })).json.stdout).toBe('alive\n');
+    await callB('DELETE', `/boxes/${created.json.box_id}`);
+    await waitWarm(WARM, 'the pool to replace the dead warm boxes');
+  }, 180_000);
+
+  test('racing creates through two replicas: no warm pod ever serves two boxes; caps hold exactly (200 creates)', async () => {
+    // Five rounds of 40 creates racing through both replicas for the pool's 3 warm boxes and its
+    // 12 places (warm pods hold quota too), in 8 sessions of at most 3 boxes.
+    const sessions = 8;
+    let claimed = 0;
+    for (let round = 0; round < 5; round++) {
+      await waitWarm(WARM);
+      const results = await Promise.all(
+        Array.from({ length: 40 }, (_, i) => (i % 2 ? callA : callB)('POST', '/boxes', { sessionId: `race-${round}-${i % sessions}` })),
+      );
+      const created = results.filter((r) => r.status === 201).map((r) => r.json);
+      const refused = results.filter((r) => r.status === 429);
+      expect(created.length + refused.length).toBe(40);
+      expect(created.length).toBeLessThanOrEqual(12);
+      const ids = created.map((c) => c.box_id);
+      expect(new Set(ids).size).toBe(ids.length);
+      const podsByName = new Map<string, string>();
+      for (const c of created) {
+        expect(podsByName.has(c.pod_name)).toBe(false); // one pod, one box
+        podsByName.set(c.pod_name, c.box_id);
+      }
+      const boxes = (await core.listNamespacedPod({ namespace: pool.ns, labelSelector: LABELS.boxId })).items.filter((p) => !p.metadata?.deletionTimestamp);
+      for (const p of boxes) expect(p.metadata?.ownerReferences).toHaveLength(1);
+      const perSession = new Map<string, number>();
+      for (const p of boxes) perSession.set(p.metadata!.labels![LABELS.session]!, (perSession.get(p.metadata!.labels![LABELS.session]!) ?? 0) + 1);
+      expect(Math.max(...perSession.values())).toBeLessThanOrEqual(3);
+      claimed += created.filter((c) => c.pod_name.startsWith('box-warm-')).length;
+      await Promise.all(ids.map((id) => callA('DELETE', `/boxes/${id}`)));
+    }
+    expect(claimed).toBeGreaterThan(0);
+  }, 300_000);
+
+  test('a template change rolls the warm boxes, never dropping below the ready count', async () => {
+    await waitWarm(WARM);
+    const before = new Set((await warmPods()).map((p) => p.metadata!.name));
+    let lowest = WARM;
+    let sampling = true;
+    const sampler = (async () => {
+      while (sampling) {
+        lowest = Math.min(lowest, (await warmPods()).filter(isReady).length);
+        await new Promise((r) => setTimeout(r, 200));
+      }
+    })();
+    await pools.patchSpec(pool.name, { box: { defaultMemory: '56Mi' } });
+    await waitFor(
+      'every warm box to be of the new template',
+      async () => {
+        const now = await warmPods();
+        return now.length === WARM && now.every((p) => !before.has(p.metadata!.name) && isReady(p)) ? true : undefined;
+      },
+      { timeoutMs: 150_000, intervalMs: 500 },
+    );
+    sampling = false;
+    await sampler;
+    expect(lowest).toBeGreaterThanOrEqual(WARM);
+    const created = await callA('POST', '/boxes', { sessionId: 'after-roll' });
+    expect(created.json.pod_name).toMatch(/^box-warm-/);
+    expect(created.json.memory).toBe('56Mi');
+    await callA('DELETE', `/boxes/${created.json.box_id}`);
+  }, 240_000);
+
+  test('warm boxes count against maxBoxes: the operator shrinks them to the room left, and a cold create takes one\'s place', async () => {
+    await waitFor('earlier boxes to be gone', async () =>
+      (await core.listNamespacedPod({ namespace: pool.ns, labelSelector: LABELS.boxId })).items.length === 0 ? true : undefined,
+    { timeoutMs: 60_000 });
+    await waitWarm(WARM);
+    // 10 sessions' boxes of another shape: the warm pool must shrink to the 2 slots left, less
+    // one kept free for a create of another shape.
+    const made = [];
+    for (let i = 0; i < 10; i++) {
+      const r = await callA('POST', '/boxes', { sessionId: `quota-${i}`, memory: 40 });
+      expect([i, r.status]).toEqual([i, 201]);
+      made.push(r.json.box_id as string);
+    }
+    await waitFor('the warm pool to shrink', async () => ((await status()).warmDesired === 1 ? true : undefined), { timeoutMs: 60_000 });
+    const full = await callA('POST', '/boxes', { sessionId: 'quota-11', memory: 40 });
+    const last = await callA('POST', '/boxes', { sessionId: 'quota-12', memory: 40 });
+    if (last.status !== 201) {
+      const quotas = await core.listNamespacedResourceQuota({ namespace: pool.ns });
+      const pods = await core.listNamespacedPod({ namespace: pool.ns });
+      console.log(JSON.stringify({ last: last.json, quota: quotas.items.map((q) => q.status), pods: pods.items.map((p) => [p.metadata!.name, p.metadata!.deletionTimestamp, p.status!.phase]) }, null, 1));
+    }
+    expect([full.status, last.status]).toEqual([201, 201]);
+    made.push(full.json.box_id, last.json.box_id);
+    const over = await callA('POST', '/boxes', { sessionId: 'quota-13', memory: 40 });
+    expect(over.status).toBe(429);
+    expect((await callA('GET', '/health')).json.active_boxes).toBe(12);
+    await Promise.all(made.map((id) => callA('DELETE', `/boxes/${id}`)));
+    await waitWarm(WARM, 'the pool to grow back');
+  }, 240_000);
+});
+
+/** SIGKILLs the boxd of each pod (found by its cgroup, which names the pod UID); returns how many. */
+function killAgents(uids: string[]): number {
+  let killed = 0;
+  for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
+    try {
+      const cgroup = readFileSync(`/proc/${pid}/cgroup`, 'utf8');
+      const cmdline = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
+      if (!cmdline.includes('/opt/sandbox-bridge/bin/boxd')) continue;
+      if (uids.some((uid) => cgroup.includes(uid.replace(/-/g, '_')) || cgroup.includes(uid))) {
+        process.kill(Number(pid), 'SIGKILL');
+        killed++;
+      }
+    } catch {
+      // gone meanwhile, or not ours to read
+    }
+  }
+  return killed;
+}
