@@ -19,6 +19,7 @@ import { terminalUpgrades } from './http/terminals.js';
 import { createTokenSource } from './http/tokens.js';
 import { BoxCache } from './kube/box-cache.js';
 import { BoxRecords } from './kube/box-records.js';
+import { BoxSeats } from './kube/box-seats.js';
 import { instrumentedCall } from './kube/instrument.js';
 import { NodeCache } from './kube/node-cache.js';
 import { PodRequestsCache } from './kube/pod-requests.js';
@@ -112,6 +113,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const core = makeApiClient(kc, k8s.CoreV1Api, config.KUBE_TIMEOUT_MS, { health });
   const key = boxdKey(config);
   const records = new BoxRecords(core, call, namespace);
+  const seats = new BoxSeats(core, call, namespace);
   const boxd = new BoxdClient({ connectTimeoutMs: config.BOXD_CONNECT_TIMEOUT_MS });
   const boxes = new BoxService({
     core,
@@ -119,6 +121,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     cache,
     policy,
     records,
+    seats,
     boxd,
     boxdKey: key,
     boxdImage: config.BOXD_IMAGE,
