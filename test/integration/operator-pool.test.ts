@@ -6,7 +6,7 @@ import { BOXD_PORT } from '../../common/boxd.js';
 import { apiMessage } from '../../common/kube.js';
 import { desiredNetworkPolicy } from '../../operator/children.js';
 import { waitFor, testKubeConfig } from '../support/cluster.js';
-import { Pools, boxPod, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
+import { Pools, boxPod, boxRecord, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
 
 const kc = testKubeConfig();
 const core = kc.makeApiClient(k8s.CoreV1Api);
@@ -160,6 +160,8 @@ test('the API server rejects the 51st box through the quota', async () => {
     const q = await core.readNamespacedResourceQuota({ name: 'sandbox-bridge-quota', namespace: ns });
     return q.status?.hard?.pods === '50' ? true : undefined;
   });
+  // Each box with its record, as the bridge makes them: the operator counts boxes by records.
+  await Promise.all(Array.from({ length: 50 }, (_, i) => core.createNamespacedSecret({ namespace: ns, body: boxRecord(`box-${i}`, name) })));
   const results = await Promise.allSettled(
     Array.from({ length: 50 }, (_, i) => core.createNamespacedPod({ namespace: ns, body: boxPod(`box-${i}`, name) })),
   );

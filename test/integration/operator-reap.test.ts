@@ -3,7 +3,7 @@
 // totalBoxesCreated continues across an operator restart without double counting.
 import * as k8s from '@kubernetes/client-node';
 import { waitFor, testKubeConfig } from '../support/cluster.js';
-import { Pools, boxPod, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
+import { Pools, boxPod, boxRecord, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
 
 const kc = testKubeConfig();
 const core = kc.makeApiClient(k8s.CoreV1Api);
@@ -110,13 +110,18 @@ test('a finished box and an orphaned env Secret are deleted; a live box keeps it
 
 test('totalBoxesCreated survives an operator restart without double counting', async () => {
   const { name, ns } = await pools.createReady();
-  for (const i of [0, 1, 2]) await core.createNamespacedPod({ namespace: ns, body: boxPod(`b${i}`, name) });
+  // The operator counts boxes by their records (one per box, cold or claimed warm).
+  for (const i of [0, 1, 2]) {
+    await core.createNamespacedSecret({ namespace: ns, body: boxRecord(`b${i}`, name) });
+    await core.createNamespacedPod({ namespace: ns, body: boxPod(`b${i}`, name) });
+  }
   await waitFor('three boxes counted', async () => ((await pools.get(name)).status?.totalBoxesCreated === 3 ? true : undefined));
   // A deleted box stays counted.
   await core.deleteNamespacedPod({ name: 'b0', namespace: ns, gracePeriodSeconds: 0 });
 
   expect(await operator.stop('SIGTERM')).toBe(0);
   operator = await startOperator({ shard, leaseName, env: { ORPHAN_SECRET_GRACE_SECONDS: '1' } });
+  await core.createNamespacedSecret({ namespace: ns, body: boxRecord('b3', name) });
   await core.createNamespacedPod({ namespace: ns, body: boxPod('b3', name) });
   const status = await waitFor('the fourth box counted', async () => {
     const s = (await pools.get(name)).status;

@@ -8,6 +8,8 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
+import { buildBoxSecret } from '../../common/box-pod.js';
+import { SECRET_COMPONENTS } from '../../common/labels.js';
 import { NODE_FLAGS } from '../../common/node-flags.js';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION, type PoolSpecInput, type SandboxPool } from '../../common/pool.js';
 import { LOCAL_BOX_IMAGE, waitFor } from './cluster.js';
@@ -221,6 +223,14 @@ export async function deleteLease(kc: k8s.KubeConfig, name: string, namespace = 
 }
 
 /** Deletes the pools and waits until their namespaces are gone or terminating. */
+/**
+ * A box's record as the bridge makes it before the box's pod (what the operator counts boxes
+ * by): a Secret named after the box.
+ */
+export function boxRecord(name: string, pool: string): k8s.V1Secret {
+  return buildBoxSecret({ name, namespace: '', poolName: pool, component: SECRET_COMPONENTS.record, token: 'test', env: {} });
+}
+
 /** A box pod as the bridge would create it: restricted, small, on a kwok node. */
 export function boxPod(
   name: string,
