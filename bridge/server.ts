@@ -22,6 +22,7 @@ import { BoxRecords } from './kube/box-records.js';
 import { instrumentedCall } from './kube/instrument.js';
 import { NodeCache } from './kube/node-cache.js';
 import { PodRequestsCache } from './kube/pod-requests.js';
+import { SleepingRecords } from './kube/sleeping-records.js';
 import { WatchedPolicy, type PolicySource } from './kube/policy.js';
 import { createMetrics } from './metrics.js';
 import { BoxConnector } from './services/box-connector.js';
@@ -34,6 +35,7 @@ import { ExecService } from './services/exec.js';
 import { FileService } from './services/files.js';
 import { ProcessService } from './services/processes.js';
 import { EnvSealer } from './services/env-seal.js';
+import { SleepService } from './services/sleep.js';
 import { SnapshotService } from './services/snapshots.js';
 import { objectStoreFrom } from '../common/object-store.js';
 import { TerminalService } from './services/terminal.js';
@@ -112,6 +114,8 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const core = makeApiClient(kc, k8s.CoreV1Api, config.KUBE_TIMEOUT_MS, { health });
   const key = boxdKey(config);
   const records = new BoxRecords(core, call, namespace);
+  const sleeping = new SleepingRecords(kc, namespace, log);
+  await startWithin(sleeping.start(), config.STARTUP_TIMEOUT_MS, `the sleeping box watch in namespace ${namespace}`);
   const boxd = new BoxdClient({ connectTimeoutMs: config.BOXD_CONNECT_TIMEOUT_MS });
   const boxes = new BoxService({
     core,
@@ -119,6 +123,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     cache,
     policy,
     records,
+    sleeping,
     boxd,
     boxdKey: key,
     boxdImage: config.BOXD_IMAGE,
@@ -166,6 +171,28 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       metrics.snapshotBytes.inc({ operation }, bytes);
     },
   });
+  const sleep = new SleepService({
+    core,
+    call,
+    cache,
+    sleeping,
+    records,
+    boxes,
+    boxd,
+    connector,
+    snapshots,
+    policy,
+    namespace,
+    boxdKey: key,
+    log,
+    onSlept: (outcome) => metrics.sleeps.inc({ outcome }),
+    onWoken: (path, outcome, seconds) => {
+      metrics.wakes.inc({ path, outcome });
+      if (outcome === 'ok') metrics.wakeDuration.observe({ path }, seconds);
+    },
+  });
+  connector.useSleep(sleep);
+  sleep.start();
   if (!store) log.info('no object store configured (OBJECT_STORE_BUCKET): snapshot routes answer 501');
   const cluster = new ClusterService({
     core,
@@ -173,6 +200,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     custom: makeApiClient(kc, k8s.CustomObjectsApi, config.KUBE_TIMEOUT_MS, { health }),
     call,
     cache,
+    sleeping,
     policy,
     boxes,
     namespace,
@@ -255,6 +283,8 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       await Promise.race([closed, grace]);
       apiServer.closeAllConnections();
       terminals.close();
+      sleep.stop();
+      sleeping.stop();
       boxd.close();
       store?.close();
       tokens.close();

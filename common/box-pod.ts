@@ -147,6 +147,9 @@ export interface SessionBox {
   now: Date;
   /** Digest of the create request's Idempotency-Key (a label, so a retry finds the box). */
   idempotencyKey?: string | undefined;
+  /** A woken box keeps when it was made and when it expires (its TTL counted on while it slept). */
+  createdAt?: Date;
+  expiresAt?: Date;
 }
 
 /**
@@ -155,7 +158,7 @@ export interface SessionBox {
  * record takes the pod with it.
  */
 export function sessionMetadata(s: SessionBox): Required<Pick<V1ObjectMeta, 'labels' | 'annotations' | 'ownerReferences'>> {
-  const expiresAt = new Date(s.now.getTime() + s.ttlSeconds * 1000);
+  const expiresAt = s.expiresAt ?? new Date(s.now.getTime() + s.ttlSeconds * 1000);
   const owner: V1OwnerReference = { apiVersion: 'v1', kind: 'Secret', name: s.record.name, uid: s.record.uid, blockOwnerDeletion: false };
   return {
     labels: {
@@ -166,9 +169,11 @@ export function sessionMetadata(s: SessionBox): Required<Pick<V1ObjectMeta, 'lab
     },
     annotations: {
       [ANNOTATIONS.sessionId]: s.sessionId,
-      [ANNOTATIONS.createdAt]: s.now.toISOString(),
+      [ANNOTATIONS.createdAt]: (s.createdAt ?? s.now).toISOString(),
       [ANNOTATIONS.expiresAt]: expiresAt.toISOString().replace(/\.\d{3}Z$/, 'Z'),
       [ANNOTATIONS.ttlSeconds]: String(s.ttlSeconds),
+      // Idle sleep counts from here until a call through the bridge moves it on.
+      [ANNOTATIONS.lastActive]: s.now.toISOString(),
     },
     ownerReferences: [owner],
   };
