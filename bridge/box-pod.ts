@@ -94,6 +94,8 @@ export interface SleptBox {
   expiresAt: string;
   ttlSeconds: number;
   sleptAt: string;
+  /** The pool seat the box holds while it sleeps (its seat Secret stays, owned by the record). */
+  seat?: number;
 }
 
 export function sleptBoxOf(record: V1Secret | undefined): SleptBox | undefined {

@@ -19,6 +19,7 @@ import { terminalUpgrades } from './http/terminals.js';
 import { createTokenSource } from './http/tokens.js';
 import { BoxCache } from './kube/box-cache.js';
 import { BoxRecords } from './kube/box-records.js';
+import { BoxSeats } from './kube/box-seats.js';
 import { instrumentedCall } from './kube/instrument.js';
 import { NodeCache } from './kube/node-cache.js';
 import { PodRequestsCache } from './kube/pod-requests.js';
@@ -116,6 +117,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const records = new BoxRecords(core, call, namespace);
   const sleeping = new SleepingRecords(kc, namespace, log);
   await startWithin(sleeping.start(), config.STARTUP_TIMEOUT_MS, `the sleeping box watch in namespace ${namespace}`);
+  const seats = new BoxSeats(core, call, namespace);
   const boxd = new BoxdClient({ connectTimeoutMs: config.BOXD_CONNECT_TIMEOUT_MS });
   const boxes = new BoxService({
     core,
@@ -124,6 +126,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     policy,
     records,
     sleeping,
+    seats,
     boxd,
     boxdKey: key,
     boxdImage: config.BOXD_IMAGE,

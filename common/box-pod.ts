@@ -141,6 +141,8 @@ export interface SessionBox {
   boxId: string;
   sessionId: string;
   slot: number;
+  /** The pool seat the box holds (bridge/kube/box-seats.ts). */
+  seat: number;
   /** The box's record (a Secret named boxId); the pod is its dependent. */
   record: { name: string; uid: string };
   ttlSeconds: number;
@@ -165,6 +167,7 @@ export function sessionMetadata(s: SessionBox): Required<Pick<V1ObjectMeta, 'lab
       [LABELS.boxId]: s.boxId,
       [LABELS.session]: sessionHash(s.sessionId),
       [LABELS.slot]: String(s.slot),
+      ...(s.seat >= 0 ? { [LABELS.seat]: String(s.seat) } : {}),
       ...(s.idempotencyKey ? { [LABELS.idempotencyKey]: s.idempotencyKey } : {}),
     },
     annotations: {

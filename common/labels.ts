@@ -19,6 +19,8 @@ export const LABELS = {
   session: `${API_GROUP}/session`,
   /** Which of the session's slots (0..maxBoxesPerSession-1) the box occupies. */
   slot: `${API_GROUP}/slot`,
+  /** Which of the pool's seats (0..maxBoxes-1) the box holds (box-seats.ts). */
+  seat: `${API_GROUP}/seat`,
   /** Digest of the Idempotency-Key of the create request that made the box. */
   idempotencyKey: `${API_GROUP}/idempotency-key`,
   /**
@@ -54,6 +56,8 @@ export const SECRET_COMPONENTS = {
   record: 'box-record',
   /** A warm pod's own credential (and empty env), owned by the pod. */
   credential: 'box-credential',
+  /** One of the pool's maxBoxes seats, owned by the record of the box holding it. */
+  seat: 'box-seat',
 } as const;
 
 /** Label selector matching every box pod. */
@@ -69,6 +73,11 @@ export function sessionHash(sessionId: string): string {
  * creating the same slot at once collide on the name, so the API server makes the per-session
  * cap atomic.
  */
+/** The Secret that is seat n of a pool's namespace. */
+export function seatName(n: number): string {
+  return `box-seat-${n}`;
+}
+
 export function boxName(prefix: string, sessionId: string, slot: number): string {
   return `${prefix}-${sessionHash(sessionId)}-${slot}`;
 }

@@ -230,6 +230,32 @@ function devBoxdKey() {
   return key;
 }
 
+/** The seal key of snapshot envs, kept in .dev/ so snapshots of an earlier run stay restorable. */
+function devSnapshotKey() {
+  const file = join(root, '.dev/snapshot-key');
+  if (existsSync(file)) return readFileSync(file, 'utf8').trim();
+  mkdirSync(join(root, '.dev'), { recursive: true });
+  const key = randomBytes(32).toString('hex');
+  writeFileSync(file, `${key}\n`, { mode: 0o600 });
+  return key;
+}
+
+/**
+ * OBJECT_STORE_* of the local cluster's S3-compatible store (test/cluster/object-store/up.sh
+ * writes them), or nothing: without a store, snapshots answer 501 and boxes never sleep.
+ */
+function devObjectStore(local) {
+  const file = join(root, '.cluster/object-store/env');
+  if (!local || !existsSync(file)) return {};
+  const env = Object.fromEntries(
+    readFileSync(file, 'utf8')
+      .split('\n')
+      .filter((line) => /^OBJECT_STORE_[A-Z_]+=/.test(line))
+      .map((line) => [line.slice(0, line.indexOf('=')), line.slice(line.indexOf('=') + 1)]),
+  );
+  return { ...env, OBJECT_STORE_PREFIX: 'dev', SNAPSHOT_ENCRYPTION_KEY: devSnapshotKey() };
+}
+
 async function main() {
   // A file left by a dev that was killed outright points at nothing: never keep it.
   removeEnvFile();
@@ -257,9 +283,15 @@ async function main() {
   // The key box credentials are derived from; boxes made by an earlier run keep theirs only
   // if the key stays, so it is kept in .dev/ between runs.
   const boxdKey = devBoxdKey();
-  const common = { KUBECONFIG: kubeconfig, LOG_LEVEL: process.env.LOG_LEVEL ?? 'info' };
+  const boxdImage = process.env.BOXD_IMAGE ?? 'sandbox-bridge.local/boxd:dev';
+  const store = devObjectStore(local);
+  if (!store.OBJECT_STORE_BUCKET) say('no local object store: snapshots answer 501 (run npm run cluster:up for one)');
+  const common = { KUBECONFIG: kubeconfig, LOG_LEVEL: process.env.LOG_LEVEL ?? 'info', ...store };
   supervise('operator', 'dist/operator/main.js', {
     ...common,
+    // Warm boxes: the operator makes their pods and credentials with the bridge's image and key.
+    BOXD_KEY: boxdKey,
+    BOXD_IMAGE: boxdImage,
     METRICS_PORT: String(OPERATOR_METRICS_PORT),
     LEASE_NAME: `sandbox-bridge-operator-${POOL}`,
     POOL_SELECTOR: `${DEV_LABEL}=${POOL}`,
@@ -268,7 +300,7 @@ async function main() {
     ...common,
     BRIDGE_TOKEN: token,
     BOXD_KEY: boxdKey,
-    BOXD_IMAGE: process.env.BOXD_IMAGE ?? 'sandbox-bridge.local/boxd:dev',
+    BOXD_IMAGE: boxdImage,
     POOL_NAME: POOL,
     SANDBOX_NAMESPACE: NAMESPACE,
     PORT: String(PORT),

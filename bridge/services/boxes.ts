@@ -3,7 +3,8 @@
 // API server.
 //
 // A box is its record (a Secret named after the box id, taken first: that makes the session's
-// slot atomic) and the pod serving it: a new pod named after the box (cold), or a warm pod of
+// slot atomic), a seat of the pool (box-seats.ts: the global cap, exact across replicas) and the
+// pod serving it: a new pod named after the box (cold), or a warm pod of
 // the pool's default shape claimed by a compare-and-swap on its resource version, so no warm pod
 // ever serves two boxes, whichever replicas race for it.
 import { createHash } from 'node:crypto';
@@ -19,6 +20,7 @@ import type { BoxdClient } from '../boxd/client.js';
 import type { BoxReader } from '../kube/box-cache.js';
 import type { BoxRecords } from '../kube/box-records.js';
 import type { SleepingReader } from '../kube/sleeping-records.js';
+import type { BoxSeats } from '../kube/box-seats.js';
 import type { KubeCall } from '../kube/instrument.js';
 import type { PolicySource } from '../kube/policy.js';
 import { BOX_ID, type CreateBoxRequest } from '../schemas.js';
@@ -47,6 +49,7 @@ export interface BoxServiceDeps {
   records: BoxRecords;
   /** Records of sleeping boxes (idle sleep); absent when it is off. */
   sleeping?: SleepingReader;
+  seats: BoxSeats;
   boxd: BoxdClient;
   /** The key box credentials are derived from (common/boxd.ts). */
   boxdKey: Buffer;
@@ -116,11 +119,24 @@ export class BoxService {
         if (winner && this.madeWith(winner, keyDigest!)) return this.created(winner);
         continue;
       }
+      const recordRef = { name: record.metadata!.name!, uid: record.metadata!.uid! };
+      let seat: number | undefined;
+      try {
+        seat = await this.deps.seats.take(policy.poolName, spec.maxBoxes, this.heldSeats(), recordRef);
+      } catch (err) {
+        await this.deps.records.delete(boxId, recordRef.uid).catch(() => undefined);
+        throw err;
+      }
+      if (seat === undefined) {
+        await this.deps.records.delete(boxId, recordRef.uid).catch(() => undefined);
+        throw quotaExceeded(`the pool is at its limit of ${spec.maxBoxes} boxes`);
+      }
       const session: SessionBox = {
         boxId,
         sessionId: req.sessionId,
         slot,
-        record: { name: record.metadata!.name!, uid: record.metadata!.uid! },
+        seat,
+        record: recordRef,
         ttlSeconds: spec.defaultTtlSeconds,
         now: this.now(),
         idempotencyKey: keyDigest,
@@ -137,6 +153,16 @@ export class BoxService {
       }
     }
     throw quotaExceeded(`session already has ${spec.maxBoxesPerSession} boxes; the limit per session is ${spec.maxBoxesPerSession}`);
+  }
+
+  /** Seats held by the boxes this replica's cache knows. */
+  private heldSeats(): Set<number> {
+    const held = new Set<number>();
+    for (const pod of this.deps.cache.all()) {
+      const seat = Number(pod.metadata?.labels?.[LABELS.seat]);
+      if (Number.isInteger(seat)) held.add(seat);
+    }
+    return held;
   }
 
   /**

@@ -203,6 +203,7 @@ export class SleepService implements SleepHooks {
         boxId,
         sessionId: record.metadata?.annotations?.[ANNOTATIONS.sessionId] ?? '',
         slot: Number(record.metadata?.labels?.[LABELS.slot] ?? 0),
+        seat: slept.seat ?? -1,
         record: { name: record.metadata!.name!, uid: record.metadata!.uid! },
         ttlSeconds: slept.ttlSeconds,
         now: new Date(this.now()),
@@ -315,6 +316,7 @@ export class SleepService implements SleepHooks {
         expiresAt: status.expires_at,
         ttlSeconds: Number(live.metadata?.annotations?.[ANNOTATIONS.ttlSeconds] ?? this.deps.policy.current().defaultTtlSeconds),
         sleptAt: new Date(now).toISOString(),
+        ...(Number.isInteger(Number(live.metadata?.labels?.[LABELS.seat])) ? { seat: Number(live.metadata!.labels![LABELS.seat]) } : {}),
       };
       // The snapshot is stored: the record names it before the pod may go.
       current = await this.deps.records.swap(current, {

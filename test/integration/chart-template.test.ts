@@ -218,6 +218,52 @@ describe('boxd', () => {
   });
 });
 
+describe('object store and warm boxes', () => {
+  const envFrom = (doc: Doc) => containers(doc)[0]!.env!;
+
+  test('without a bucket nothing of the store is rendered: snapshots answer 501', () => {
+    const out = template();
+    for (const name of [BRIDGE, OPERATOR]) expect(Object.keys(env(out.one('Deployment', name))).filter((k) => k.startsWith('OBJECT_STORE') || k.startsWith('SNAPSHOT'))).toEqual([]);
+    expect(out.all('Secret').map((s) => s.metadata.name)).not.toContain('rel-sandbox-bridge-snapshot-key');
+  });
+
+  test('a bucket configures the bridge and the operator alike; credentials only by reference; the seal key generated and mounted', () => {
+    const out = template({
+      secret: { token: TOKEN },
+      objectStore: { bucket: 'snaps', endpoint: 'https://s3.example.com', prefix: 'team/a', forcePathStyle: true, existingSecret: 's3-creds', accessKeyIdKey: 'id', secretAccessKeyKey: 'secret' },
+    });
+    expect(out.status).toBe(0);
+    for (const name of [BRIDGE, OPERATOR]) {
+      const dep = out.one('Deployment', name);
+      expect(env(dep)).toMatchObject({ OBJECT_STORE_BUCKET: 'snaps', OBJECT_STORE_ENDPOINT: 'https://s3.example.com', OBJECT_STORE_PREFIX: 'team/a', OBJECT_STORE_FORCE_PATH_STYLE: 'true', OBJECT_STORE_REGION: 'us-east-1' });
+      const byName = Object.fromEntries(envFrom(dep).map((e) => [e.name, e]));
+      expect(byName.OBJECT_STORE_ACCESS_KEY_ID).toEqual({ name: 'OBJECT_STORE_ACCESS_KEY_ID', valueFrom: { secretKeyRef: { name: 's3-creds', key: 'id' } } });
+      expect(byName.OBJECT_STORE_SECRET_ACCESS_KEY).toEqual({ name: 'OBJECT_STORE_SECRET_ACCESS_KEY', valueFrom: { secretKeyRef: { name: 's3-creds', key: 'secret' } } });
+    }
+    const bridge = out.one('Deployment', BRIDGE);
+    expect(env(bridge).SNAPSHOT_ENCRYPTION_KEY_FILE).toBe('/var/run/secrets/sandbox-bridge-snapshots/key');
+    expect(env(out.one('Deployment', OPERATOR)).SNAPSHOT_ENCRYPTION_KEY_FILE).toBeUndefined(); // the operator never opens a snapshot
+    const volume = bridge.spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'snapshot-key');
+    expect(volume.secret).toMatchObject({ secretName: 'rel-sandbox-bridge-snapshot-key', items: [{ key: 'key', path: 'key' }] });
+    expect(Buffer.from(out.one('Secret', 'rel-sandbox-bridge-snapshot-key').data.key, 'base64').toString()).toMatch(/^[A-Za-z0-9]{64}$/);
+    const existing = template({ secret: { token: TOKEN }, objectStore: { bucket: 'snaps', encryptionKey: { existingSecret: 'seal', secretKey: 'keys' } } });
+    expect(existing.all('Secret').map((s) => s.metadata.name)).not.toContain('rel-sandbox-bridge-snapshot-key');
+    expect(existing.one('Deployment', BRIDGE).spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'snapshot-key').secret).toMatchObject({ secretName: 'seal', items: [{ key: 'keys', path: 'key' }] });
+    expect(template({ secret: { token: TOKEN }, objectStore: { bucket: 'b', endpoint: 'ftp://x' } }).status).not.toBe(0);
+  });
+
+  test('the pool gets the warm and snapshot settings; the operator the boxd image and key for warm pods', () => {
+    const out = template({ secret: { token: TOKEN }, pool: { warm: { count: 4, max: 10, minAvailable: 2 }, snapshots: { retentionSeconds: 3600, onDelete: true } } });
+    const pool = out.one('SandboxPool');
+    expect(pool.spec.warm).toEqual({ count: 4, max: 10, minAvailable: 2, windowSeconds: 60 });
+    expect(pool.spec.snapshots).toEqual({ retentionSeconds: 3600, onDelete: true });
+    const op = out.one('Deployment', OPERATOR);
+    expect(env(op).BOXD_IMAGE).toBe(env(out.one('Deployment', BRIDGE)).BOXD_IMAGE);
+    expect(env(op).BOXD_KEY_FILE).toBeDefined();
+    expect(template({ secret: { token: TOKEN }, pool: { warm: { count: -1 } } }).status).not.toBe(0);
+  });
+});
+
 describe('RBAC', () => {
   test('namespaced (default): pod, secret and metrics rules only in the target namespace; cluster rules only for nodes and pools', () => {
     const out = template({ secret: { token: TOKEN }, rbac: { targetNamespace: 'boxes' } });

@@ -123,3 +123,38 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "sandbox-bridge.poolNamespaces" -}}
 {{- prepend .Values.rbac.extraPoolNamespaces .Values.rbac.targetNamespace | uniq | join "," }}
 {{- end }}
+
+{{/* The Secret holding the snapshot env seal key: the chart's own, or objectStore.encryptionKey.existingSecret. */}}
+{{- define "sandbox-bridge.snapshotKeySecretName" -}}
+{{- default (printf "%s-snapshot-key" (include "sandbox-bridge.fullname" .)) .Values.objectStore.encryptionKey.existingSecret }}
+{{- end }}
+
+{{/* OBJECT_STORE_* settings, the same for the bridge and the operator. */}}
+{{- define "sandbox-bridge.objectStoreEnv" -}}
+{{- with .Values.objectStore }}
+{{- if .bucket }}
+- name: OBJECT_STORE_BUCKET
+  value: {{ .bucket | quote }}
+- name: OBJECT_STORE_ENDPOINT
+  value: {{ .endpoint | quote }}
+- name: OBJECT_STORE_REGION
+  value: {{ .region | quote }}
+- name: OBJECT_STORE_PREFIX
+  value: {{ .prefix | quote }}
+- name: OBJECT_STORE_FORCE_PATH_STYLE
+  value: {{ .forcePathStyle | quote }}
+{{- if .existingSecret }}
+- name: OBJECT_STORE_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .accessKeyIdKey }}
+- name: OBJECT_STORE_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .secretAccessKeyKey }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,58 @@
+// The pool's global cap, exact across replicas: a box holds one of maxBoxes seats, each a tiny
+// Secret with a fixed name (box-seat-<n>), so two replicas racing for a seat collide on the name
+// and the API server lets one win. The namespace's ResourceQuota alone is not exact: its
+// controller recounts pods from a cache, and a recount while creates are in flight (as boxes are
+// deleted or warm pods given up) can undercount and admit more pods than the quota holds.
+//
+// A seat is owned by its box's record, so deleting the record frees the seat (garbage
+// collection). Seats carry no box label: the operator's reaper never sees them.
+import type * as k8s from '@kubernetes/client-node';
+import { BridgeError } from '../../common/errors.js';
+import { LABELS, MANAGED_BY, SECRET_COMPONENTS, seatName } from '../../common/labels.js';
+import type { KubeCall } from './instrument.js';
+
+/** Seats tried before a create is refused: each lost race costs one API call. */
+const SEAT_ATTEMPTS = 8;
+
+export class BoxSeats {
+  constructor(
+    private readonly core: k8s.CoreV1Api,
+    private readonly call: KubeCall,
+    private readonly namespace: string,
+  ) {}
+
+  /**
+   * Takes a free seat for the record: resolves with its number, or undefined when every seat
+   * tried was taken. `held` are the seats this replica knows to be taken (its pod cache); the
+   * others are tried in random order, so racing replicas seldom collide.
+   */
+  async take(poolName: string, maxBoxes: number, held: ReadonlySet<number>, record: { name: string; uid: string }): Promise<number | undefined> {
+    const free: number[] = [];
+    for (let n = 0; n < maxBoxes; n++) if (!held.has(n)) free.push(n);
+    for (let i = free.length - 1; i > 0; i--) {
+      const j = Math.floor(Math.random() * (i + 1));
+      [free[i], free[j]] = [free[j]!, free[i]!];
+    }
+    for (const n of free.slice(0, SEAT_ATTEMPTS)) {
+      const body: k8s.V1Secret = {
+        apiVersion: 'v1',
+        kind: 'Secret',
+        type: 'Opaque',
+        metadata: {
+          name: seatName(n),
+          namespace: this.namespace,
+          labels: { [LABELS.managedBy]: MANAGED_BY, [LABELS.component]: SECRET_COMPONENTS.seat, [LABELS.pool]: poolName },
+          ownerReferences: [{ apiVersion: 'v1', kind: 'Secret', name: record.name, uid: record.uid, blockOwnerDeletion: false }],
+        },
+      };
+      try {
+        await this.call('take box seat', () => this.core.createNamespacedSecret({ namespace: this.namespace, body }));
+        return n;
+      } catch (err) {
+        if (err instanceof BridgeError && err.type === 'conflict') continue; // taken: by a box this cache has not seen yet, or one just deleted
+        throw err;
+      }
+    }
+    return undefined;
+  }
+}
