@@ -1,11 +1,11 @@
 // How a box pod is reported back through the API (the pod spec itself: common/box-pod.ts).
-import type { V1Pod } from '@kubernetes/client-node';
+import type { V1Pod, V1Secret } from '@kubernetes/client-node';
 import { BOX_CONTAINER } from '../common/box-pod.js';
 import { ANNOTATIONS, LABELS } from '../common/labels.js';
 
 export { BOX_CONTAINER, BOXD_INSTALL_CONTAINER, WORKSPACE } from '../common/box-pod.js';
 
-export type BoxState = 'Pending' | 'Running' | 'Terminated';
+export type BoxState = 'Pending' | 'Running' | 'Sleeping' | 'Terminated';
 
 /** The API's box status: Terminated once deleting or finished, Running once the container runs. */
 export function boxState(pod: V1Pod): BoxState {
@@ -71,6 +71,77 @@ export function sandboxSummary(pod: V1Pod, now = new Date()) {
     namespace: s.namespace,
     status: s.status,
     node: s.node,
+    image: s.image,
+    created_at: s.created_at,
+    age_seconds: s.age_seconds,
+    session_id: s.session_id,
+    cpu: s.cpu,
+    memory: s.memory,
+  };
+}
+
+/**
+ * What a sleeping box's record keeps of it (annotation sandbox-bridge.io/sleep-box): the shape
+ * its pod is made again with, and its times (the TTL counts on while it sleeps).
+ */
+export interface SleptBox {
+  image: string;
+  cpu: string;
+  memory: string;
+  runtimeClassName?: string;
+  serviceAccountName?: string;
+  createdAt: string;
+  expiresAt: string;
+  ttlSeconds: number;
+  sleptAt: string;
+  /** The pool seat the box holds while it sleeps (its seat Secret stays, owned by the record). */
+  seat?: number;
+}
+
+export function sleptBoxOf(record: V1Secret | undefined): SleptBox | undefined {
+  const raw = record?.metadata?.annotations?.[ANNOTATIONS.sleepBox];
+  if (!raw) return undefined;
+  try {
+    return JSON.parse(raw) as SleptBox;
+  } catch {
+    return undefined;
+  }
+}
+
+/** GET /boxes/{id}/status of a sleeping box: no pod, so no pod fields. */
+export function sleepingStatus(record: V1Secret, now = new Date()) {
+  const slept = sleptBoxOf(record);
+  const created = slept?.createdAt ?? iso(record.metadata?.creationTimestamp);
+  return {
+    box_id: record.metadata?.name ?? '',
+    pod_name: '',
+    namespace: record.metadata?.namespace ?? '',
+    session_id: record.metadata?.annotations?.[ANNOTATIONS.sessionId] ?? '',
+    status: 'Sleeping' as const,
+    phase: '',
+    node: '',
+    image: slept?.image ?? '',
+    cpu: slept?.cpu ?? '',
+    memory: slept?.memory ?? '',
+    created_at: created,
+    expires_at: slept?.expiresAt ?? '',
+    age_seconds: created ? Math.max(0, Math.floor((now.getTime() - Date.parse(created)) / 1000)) : 0,
+    restarts: 0,
+    host_ip: '',
+    pod_ip: '',
+    conditions: [],
+    snapshot_id: record.metadata?.annotations?.[ANNOTATIONS.sleepSnapshot] ?? '',
+  };
+}
+
+export function sleepingSummary(record: V1Secret, now = new Date()) {
+  const s = sleepingStatus(record, now);
+  return {
+    name: s.box_id,
+    box_id: s.box_id,
+    namespace: s.namespace,
+    status: s.status,
+    node: '',
     image: s.image,
     created_at: s.created_at,
     age_seconds: s.age_seconds,

@@ -20,6 +20,9 @@ export interface BridgeMetrics {
   kubeErrors: Counter<'operation' | 'code'>;
   snapshotDuration: Histogram<'operation' | 'outcome'>;
   snapshotBytes: Counter<'operation'>;
+  sleeps: Counter<'outcome'>;
+  wakes: Counter<'path' | 'outcome'>;
+  wakeDuration: Histogram<'path'>;
 }
 
 /** Live state read at scrape time (the chart's PrometheusRule alerts on these). */
@@ -156,6 +159,25 @@ export function createMetrics(activeBoxes: () => number = () => 0, state: Metric
       name: 'sandbox_bridge_snapshot_bytes_total',
       help: 'Compressed workspace bytes moved to (create) and from (restore) the object store',
       labelNames: ['operation'],
+      registers: [registry],
+    }),
+    sleeps: new Counter({
+      name: 'sandbox_bridge_box_sleeps_total',
+      help: 'Idle sleeps tried, by outcome: slept, active (a call came in), busy (a background process keeps it awake), error (e.g. the store is down; the box keeps running)',
+      labelNames: ['outcome'],
+      registers: [registry],
+    }),
+    wakes: new Counter({
+      name: 'sandbox_bridge_box_wakes_total',
+      help: 'Sleeping boxes woken by a call, by path (warm: a warm pod claimed, cold: a new pod) and outcome (ok, error)',
+      labelNames: ['path', 'outcome'],
+      registers: [registry],
+    }),
+    wakeDuration: new Histogram({
+      name: 'sandbox_bridge_box_wake_duration_seconds',
+      help: 'From a call finding its box asleep to the box answering with its workspace restored, by path (warm, cold)',
+      labelNames: ['path'],
+      buckets: [0.25, 0.5, 1, 1.5, 2.5, 5, 10, 30, 60, 120],
       registers: [registry],
     }),
   };

@@ -189,7 +189,7 @@ export const BoxStatus = z.object({
   pod_name: z.string(),
   namespace: z.string(),
   session_id: z.string(),
-  status: z.enum(['Pending', 'Running', 'Terminated']),
+  status: z.enum(['Pending', 'Running', 'Sleeping', 'Terminated']).describe('Sleeping: idle, its workspace in a snapshot and no pod; the next call wakes it'),
   phase: z.string(),
   node: z.string(),
   image: z.string(),
@@ -202,6 +202,7 @@ export const BoxStatus = z.object({
   host_ip: z.string(),
   pod_ip: z.string(),
   conditions: z.array(Condition),
+  snapshot_id: z.string().optional().describe('While Sleeping: the snapshot its workspace is in'),
 });
 
 export const Snapshot = z.object({

@@ -23,6 +23,7 @@ import { BoxSeats } from './kube/box-seats.js';
 import { instrumentedCall } from './kube/instrument.js';
 import { NodeCache } from './kube/node-cache.js';
 import { PodRequestsCache } from './kube/pod-requests.js';
+import { SleepingRecords } from './kube/sleeping-records.js';
 import { WatchedPolicy, type PolicySource } from './kube/policy.js';
 import { createMetrics } from './metrics.js';
 import { BoxConnector } from './services/box-connector.js';
@@ -35,6 +36,7 @@ import { ExecService } from './services/exec.js';
 import { FileService } from './services/files.js';
 import { ProcessService } from './services/processes.js';
 import { EnvSealer } from './services/env-seal.js';
+import { SleepService } from './services/sleep.js';
 import { SnapshotService } from './services/snapshots.js';
 import { objectStoreFrom } from '../common/object-store.js';
 import { TerminalService } from './services/terminal.js';
@@ -113,6 +115,8 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const core = makeApiClient(kc, k8s.CoreV1Api, config.KUBE_TIMEOUT_MS, { health });
   const key = boxdKey(config);
   const records = new BoxRecords(core, call, namespace);
+  const sleeping = new SleepingRecords(kc, namespace, log);
+  await startWithin(sleeping.start(), config.STARTUP_TIMEOUT_MS, `the sleeping box watch in namespace ${namespace}`);
   const seats = new BoxSeats(core, call, namespace);
   const boxd = new BoxdClient({ connectTimeoutMs: config.BOXD_CONNECT_TIMEOUT_MS });
   const boxes = new BoxService({
@@ -121,6 +125,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     cache,
     policy,
     records,
+    sleeping,
     seats,
     boxd,
     boxdKey: key,
@@ -169,6 +174,28 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       metrics.snapshotBytes.inc({ operation }, bytes);
     },
   });
+  const sleep = new SleepService({
+    core,
+    call,
+    cache,
+    sleeping,
+    records,
+    boxes,
+    boxd,
+    connector,
+    snapshots,
+    policy,
+    namespace,
+    boxdKey: key,
+    log,
+    onSlept: (outcome) => metrics.sleeps.inc({ outcome }),
+    onWoken: (path, outcome, seconds) => {
+      metrics.wakes.inc({ path, outcome });
+      if (outcome === 'ok') metrics.wakeDuration.observe({ path }, seconds);
+    },
+  });
+  connector.useSleep(sleep);
+  sleep.start();
   if (!store) log.info('no object store configured (OBJECT_STORE_BUCKET): snapshot routes answer 501');
   const cluster = new ClusterService({
     core,
@@ -176,6 +203,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     custom: makeApiClient(kc, k8s.CustomObjectsApi, config.KUBE_TIMEOUT_MS, { health }),
     call,
     cache,
+    sleeping,
     policy,
     boxes,
     namespace,
@@ -258,6 +286,8 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       await Promise.race([closed, grace]);
       apiServer.closeAllConnections();
       terminals.close();
+      sleep.stop();
+      sleeping.stop();
       boxd.close();
       store?.close();
       tokens.close();

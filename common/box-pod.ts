@@ -149,6 +149,9 @@ export interface SessionBox {
   now: Date;
   /** Digest of the create request's Idempotency-Key (a label, so a retry finds the box). */
   idempotencyKey?: string | undefined;
+  /** A woken box keeps when it was made and when it expires (its TTL counted on while it slept). */
+  createdAt?: Date;
+  expiresAt?: Date;
 }
 
 /**
@@ -157,21 +160,23 @@ export interface SessionBox {
  * record takes the pod with it.
  */
 export function sessionMetadata(s: SessionBox): Required<Pick<V1ObjectMeta, 'labels' | 'annotations' | 'ownerReferences'>> {
-  const expiresAt = new Date(s.now.getTime() + s.ttlSeconds * 1000);
+  const expiresAt = s.expiresAt ?? new Date(s.now.getTime() + s.ttlSeconds * 1000);
   const owner: V1OwnerReference = { apiVersion: 'v1', kind: 'Secret', name: s.record.name, uid: s.record.uid, blockOwnerDeletion: false };
   return {
     labels: {
       [LABELS.boxId]: s.boxId,
       [LABELS.session]: sessionHash(s.sessionId),
       [LABELS.slot]: String(s.slot),
-      [LABELS.seat]: String(s.seat),
+      ...(s.seat >= 0 ? { [LABELS.seat]: String(s.seat) } : {}),
       ...(s.idempotencyKey ? { [LABELS.idempotencyKey]: s.idempotencyKey } : {}),
     },
     annotations: {
       [ANNOTATIONS.sessionId]: s.sessionId,
-      [ANNOTATIONS.createdAt]: s.now.toISOString(),
+      [ANNOTATIONS.createdAt]: (s.createdAt ?? s.now).toISOString(),
       [ANNOTATIONS.expiresAt]: expiresAt.toISOString().replace(/\.\d{3}Z$/, 'Z'),
       [ANNOTATIONS.ttlSeconds]: String(s.ttlSeconds),
+      // Idle sleep counts from here until a call through the bridge moves it on.
+      [ANNOTATIONS.lastActive]: s.now.toISOString(),
     },
     ownerReferences: [owner],
   };

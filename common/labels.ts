@@ -23,6 +23,11 @@ export const LABELS = {
   seat: `${API_GROUP}/seat`,
   /** Digest of the Idempotency-Key of the create request that made the box. */
   idempotencyKey: `${API_GROUP}/idempotency-key`,
+  /**
+   * On a box's record while idle sleep is at work on it: `pending` (being snapshotted; calls
+   * wait), `asleep` (no pod; the next call wakes it), `waking` (a replica is making its pod).
+   */
+  sleep: `${API_GROUP}/sleep`,
 } as const;
 
 export const ANNOTATIONS = {
@@ -35,6 +40,14 @@ export const ANNOTATIONS = {
   createdAt: `${API_GROUP}/created-at`,
   /** On a warm pod: the digest of the template it was made from (common/box-pod.ts). */
   warmTemplate: `${API_GROUP}/warm-template`,
+  /** On a box pod: RFC 3339 instant of the last bridge call, written at most every few seconds (bridge/services/sleep.ts). */
+  lastActive: `${API_GROUP}/last-active`,
+  /** On a sleeping box's record: the snapshot its workspace is in. */
+  sleepSnapshot: `${API_GROUP}/sleep-snapshot`,
+  /** On a record in a sleep state: who set it and when (`<replica> <RFC 3339>`): a stale one is taken over. */
+  sleepBy: `${API_GROUP}/sleep-by`,
+  /** On a sleeping box's record: the shape its pod is made again with (JSON, bridge/services/sleep.ts). */
+  sleepBox: `${API_GROUP}/sleep-box`,
 } as const;
 
 /** app.kubernetes.io/component values of the Secrets boxes use. */

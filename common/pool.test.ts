@@ -71,6 +71,7 @@ test("the chart's values seed the default pool with POOL_DEFAULTS", () => {
     'snapshots.onDelete': (pool.snapshots as Record<string, unknown>).onDelete,
     'warm.count': (pool.warm as Record<string, unknown>).count,
     'warm.windowSeconds': (pool.warm as Record<string, unknown>).windowSeconds,
+    'idle.sleepAfterSeconds': (pool.idle as Record<string, unknown>).sleepAfterSeconds,
   };
   // The chart leaves these to the CRD's defaults, or (the bridge) sets them from the release.
   const notSeeded = ['box.workspaceSizeLimit', 'box.tmpSizeLimit', 'bridge.namespace', 'bridge.podLabels'];

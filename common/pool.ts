@@ -84,6 +84,15 @@ export interface SnapshotPolicy {
   onDelete: boolean;
 }
 
+/** Idle sleep (docs/snapshots.md "Idle sleep"): needs an object store. */
+export interface IdlePolicy {
+  /**
+   * A box with no bridge call for this long (and no background process younger than the
+   * 30-minute keepalive cap) is snapshotted and its pod deleted; the next call wakes it. 0: never.
+   */
+  sleepAfterSeconds: number;
+}
+
 export interface SandboxPoolSpec {
   /** The sandbox namespace the pool's boxes live in. */
   namespace: string;
@@ -104,6 +113,7 @@ export interface SandboxPoolSpec {
   bridge: BridgePeers;
   snapshots: SnapshotPolicy;
   warm: WarmPolicy;
+  idle: IdlePolicy;
 }
 
 export interface SandboxPoolStatus {
@@ -183,15 +193,18 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
   // The agent platform's default backup retention (7 days).
   snapshots: { retentionSeconds: 7 * 24 * 3600, onDelete: false },
   warm: { count: 0, windowSeconds: 60 },
+  // The agent platform's sleepAfter (5 minutes).
+  idle: { sleepAfterSeconds: 300 },
 };
 
 /** A spec with every field the CRD defaults filled in. */
-export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge' | 'snapshots' | 'warm'>> & {
+export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge' | 'snapshots' | 'warm' | 'idle'>> & {
   namespace: string;
   egress?: Partial<Omit<EgressPolicy, 'dns'>> & { dns?: Partial<DnsPeers> };
   bridge?: Partial<BridgePeers>;
   snapshots?: Partial<SnapshotPolicy>;
   warm?: Partial<WarmPolicy>;
+  idle?: Partial<IdlePolicy>;
 };
 
 export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
@@ -203,5 +216,6 @@ export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
     bridge: { ...POOL_DEFAULTS.bridge, ...spec.bridge },
     snapshots: { ...POOL_DEFAULTS.snapshots, ...spec.snapshots },
     warm: { ...POOL_DEFAULTS.warm, ...spec.warm },
+    idle: { ...POOL_DEFAULTS.idle, ...spec.idle },
   };
 }

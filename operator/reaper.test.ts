@@ -117,3 +117,20 @@ test('a record goes with its box; a record without a box pod goes after the grac
   ]);
   expect(plan.active).toBe(1);
 });
+
+test('a sleeping box has no pod: its record is not an orphan, and goes when its TTL (counting on in the record) runs out', () => {
+  const sleeping = (name: string, expiresAt: string): k8s.V1Secret => ({
+    metadata: {
+      name,
+      namespace: 'ns',
+      uid: `uid-${name}`,
+      creationTimestamp: new Date('2030-01-01T10:00:00Z'),
+      labels: { 'app.kubernetes.io/component': 'box-record', 'sandbox-bridge.io/sleep': 'asleep' },
+      annotations: { 'sandbox-bridge.io/expires-at': expiresAt },
+    },
+  });
+  const plan = planReaps({ ...base, pods: [], secrets: [sleeping('box-s-0', '2030-01-01T12:30:00Z'), sleeping('box-s-1', '2030-01-01T11:59:00Z')] });
+  expect(plan.reaps.map((r) => [r.name, r.reason])).toEqual([['box-s-1', 'expired']]);
+  expect(plan.nextDueAt).toBe(Date.parse('2030-01-01T12:30:00Z'));
+  expect(plan.active).toBe(0);
+});

@@ -44,7 +44,7 @@ export interface ReapInput {
 }
 
 /** When a box expires: its expires-at annotation, else creation + the pool's default TTL. */
-export function expiryOf(pod: k8s.V1Pod, defaultTtlSeconds: number): number | undefined {
+export function expiryOf(pod: Pick<k8s.V1Pod, 'metadata'>, defaultTtlSeconds: number): number | undefined {
   const stamped = pod.metadata?.annotations?.[ANNOTATIONS.expiresAt];
   if (stamped) {
     const at = Date.parse(stamped);
@@ -105,6 +105,14 @@ export function planReaps(input: ReapInput): ReapPlan {
       // orphan only after the grace period.
       if (reapedBoxes.has(name)) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'box_record' });
       else if (liveBoxes.has(name)) continue;
+      else if (secret.metadata?.labels?.[LABELS.sleep]) {
+        // A sleeping box (bridge/services/sleep.ts) has no pod: its TTL counts on in its record.
+        // Its snapshot stays in the store until the pool's retention.
+        const expiry = Date.parse(secret.metadata.annotations?.[ANNOTATIONS.expiresAt] ?? '');
+        if (!Number.isFinite(expiry)) continue;
+        if (expiry <= now) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'expired', expiredAt: new Date(expiry) });
+        else due(expiry); // not counted active: it holds no pod, so no quota
+      }
       else if (orphanAt <= now) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'orphaned_record' });
       else due(orphanAt);
       continue;

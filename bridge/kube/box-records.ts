@@ -3,7 +3,7 @@
 // new pod or claims a warm one). It holds the durable copy of the box's env, and a cold pod's
 // credential; the box's pod is its dependent, so deleting the record takes the pod along.
 // Values never appear in the pod spec, in responses or in logs.
-import type * as k8s from '@kubernetes/client-node';
+import * as k8s from '@kubernetes/client-node';
 import { BOX_SECRET_KEYS } from '../../common/boxd.js';
 import { buildBoxSecret } from '../../common/box-pod.js';
 import { BridgeError } from '../../common/errors.js';
@@ -78,6 +78,35 @@ export class BoxRecords {
     ).catch((err: unknown) => {
       if (!(err instanceof BridgeError && (err.type === 'not_found' || err.type === 'conflict'))) throw err;
     });
+  }
+
+  /**
+   * A compare-and-swap on the record's labels and annotations (null removes one), and with
+   * `token` its credential: a merge patch carrying the resource version last read, so it fails
+   * when anything changed the record since. Resolves with the record, or undefined when it lost.
+   */
+  async swap(
+    record: k8s.V1Secret,
+    change: { labels?: Record<string, string | null>; annotations?: Record<string, string | null>; token?: string },
+  ): Promise<k8s.V1Secret | undefined> {
+    try {
+      return await this.call('update box record', () =>
+        this.core.patchNamespacedSecret(
+          {
+            name: record.metadata!.name!,
+            namespace: this.namespace,
+            body: {
+              metadata: { resourceVersion: record.metadata!.resourceVersion, labels: change.labels, annotations: change.annotations },
+              ...(change.token !== undefined ? { data: { [BOX_SECRET_KEYS.token]: Buffer.from(change.token, 'utf8').toString('base64') } } : {}),
+            },
+          },
+          k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
+        ),
+      );
+    } catch (err) {
+      if (err instanceof BridgeError && (err.type === 'conflict' || err.type === 'not_found')) return undefined;
+      throw err;
+    }
   }
 
   /** The box's durable env (for a snapshot), from the record the pod belongs to; never logged or returned by the API. */

@@ -26,6 +26,19 @@ const PROBE_INTERVAL_MS = 25;
 /** Boxes known to answer, and credentials derived, by pod name; bounded so memory does not grow with churn. */
 const CACHE_SIZE = 50_000;
 
+/** Idle sleep's part in every call (bridge/services/sleep.ts). */
+export interface SleepHooks {
+  /** Resolves once the box is not asleep (waking it, or waiting for the replica that does). */
+  ensureAwake(boxId: string, signal?: AbortSignal): Promise<void>;
+  /** Records the call as the box's latest activity (at most every few seconds per box). */
+  touch(pod: k8s.V1Pod): Promise<void>;
+}
+
+export interface CallOptions {
+  /** Idle sleep's own calls: they neither wake the box nor count as activity. */
+  internal?: boolean;
+}
+
 export interface BoxCall {
   pod: k8s.V1Pod;
   target: BoxdTarget;
@@ -39,15 +52,25 @@ export class BoxConnector {
   /** pod name -> the credential of the pod with that nonce (an HMAC per call costs ~3% of an exec). */
   private readonly tokens = new Map<string, { nonce: string; token: string }>();
 
+  private sleep: SleepHooks | undefined;
+
   constructor(private readonly deps: BoxConnectorDeps) {}
+
+  /** Idle sleep is wired after the connector (it calls boxes through it). */
+  useSleep(sleep: SleepHooks): void {
+    this.sleep = sleep;
+  }
 
   /**
    * Runs fn against the box's boxd. A connection boxd never accepted is retried once the box
    * answers again (nothing reached it, so nothing ran twice).
    */
-  async call<T>(boxId: string, fn: (call: BoxCall) => Promise<T>, signal?: AbortSignal): Promise<T> {
+  async call<T>(boxId: string, fn: (call: BoxCall) => Promise<T>, signal?: AbortSignal, options: CallOptions = {}): Promise<T> {
+    const sleep = options.internal ? undefined : this.sleep;
+    await sleep?.ensureAwake(boxId, signal);
     const pod = await this.deps.boxes.get(boxId);
     checkUsable(pod);
+    await sleep?.touch(pod);
     const name = pod.metadata!.name!;
     const aborter = new AbortController();
     const stop = this.deps.cache.onGone(name, () =>

@@ -15,10 +15,11 @@ import { BridgeError } from '../../common/errors.js';
 import { LABELS, boxName, sessionHash } from '../../common/labels.js';
 import type { SandboxPoolSpec } from '../../common/pool.js';
 import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js';
-import { boxIdOf, boxStatus } from '../box-pod.js';
+import { boxIdOf, boxStatus, sleepingStatus, sleptBoxOf } from '../box-pod.js';
 import type { BoxdClient } from '../boxd/client.js';
 import type { BoxReader } from '../kube/box-cache.js';
 import type { BoxRecords } from '../kube/box-records.js';
+import type { SleepingReader } from '../kube/sleeping-records.js';
 import type { BoxSeats } from '../kube/box-seats.js';
 import type { KubeCall } from '../kube/instrument.js';
 import type { PolicySource } from '../kube/policy.js';
@@ -35,6 +36,8 @@ const CLAIM_ATTEMPTS = 3;
 const QUOTA_RETRIES = 5;
 /** A claimed pod's agent must answer within this, or the claim is undone. */
 const CLAIM_CHECK_MS = 2000;
+/** How long a woken box's new pod waits for the previous pod of its name to finish terminating. */
+const REVIVE_NAME_WAIT_MS = 30_000;
 
 export type CreatePath = 'warm' | 'cold';
 
@@ -44,6 +47,8 @@ export interface BoxServiceDeps {
   cache: BoxReader;
   policy: PolicySource;
   records: BoxRecords;
+  /** Records of sleeping boxes (idle sleep); absent when it is off. */
+  sleeping?: SleepingReader;
   seats: BoxSeats;
   boxd: BoxdClient;
   /** The key box credentials are derived from (common/boxd.ts). */
@@ -241,6 +246,37 @@ export class BoxService {
   }
 
   /**
+   * A new pod for a sleeping box (bridge/services/sleep.ts): same box id, record, session slot,
+   * creation and expiry; a warm pod when the shape is the pool's warm shape, else a new one named
+   * after the box (the record holds its credential, with the nonce given). A pod of the box still
+   * terminating (the one put to sleep) holds the name: the create waits for it to go.
+   */
+  async revive(
+    session: SessionBox,
+    shape: BoxShape,
+    env: Record<string, string>,
+    nonce: string,
+  ): Promise<{ pod: k8s.V1Pod; path: CreatePath }> {
+    const { cache, policy } = this.deps;
+    const spec = policy.current();
+    const warm = servedWarm(spec, shape);
+    if (warm) {
+      const claimed = await this.claim(cache.warm(policy.poolName, warmTemplateHash(spec, this.deps.boxdImage)), session, env);
+      if (claimed) return { pod: claimed, path: 'warm' };
+      this.deps.onWarmMiss?.();
+    }
+    const deadline = Date.now() + REVIVE_NAME_WAIT_MS;
+    for (;;) {
+      try {
+        return { pod: await this.createPod(spec, shape, session, nonce), path: 'cold' };
+      } catch (err) {
+        if (!(err instanceof BridgeError && err.type === 'conflict') || Date.now() > deadline) throw explainCreateError(err, this.deps.namespace, spec);
+        await new Promise((resolve) => setTimeout(resolve, 250));
+      }
+    }
+  }
+
+  /**
    * The pod serving a box: from the cache, or (just made through another replica) from the API
    * server. A box that is being deleted is gone for every route (404).
    */
@@ -252,7 +288,17 @@ export class BoxService {
   }
 
   async status(id: string) {
+    const asleep = this.sleepingRecord(id);
+    if (asleep) return sleepingStatus(asleep, this.now());
     return boxStatus(await this.get(id), this.now());
+  }
+
+  /** The record of a box that has no live pod because it sleeps (or is being put to sleep or woken). */
+  sleepingRecord(id: string): k8s.V1Secret | undefined {
+    const record = this.deps.sleeping?.get(id);
+    if (!record || record.metadata?.deletionTimestamp || !sleptBoxOf(record)) return undefined;
+    const pod = this.deps.cache.get(id);
+    return pod && !pod.metadata?.deletionTimestamp ? undefined : record;
   }
 
   /**
@@ -262,6 +308,12 @@ export class BoxService {
    * record left behind by a failure here).
    */
   async delete(id: string) {
+    const asleep = this.sleepingRecord(id);
+    if (asleep) {
+      // No pod to delete: the record goes (its snapshot stays until retention, docs/snapshots.md).
+      await this.deps.records.delete(id, asleep.metadata!.uid!);
+      return { box_id: id, status: 'Terminated' as const, deleted_at: this.now().toISOString() };
+    }
     let pod = await this.get(id);
     for (let attempt = 0; attempt < 3; attempt++) {
       try {

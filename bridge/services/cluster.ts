@@ -5,11 +5,12 @@ import type { z } from 'zod';
 import { BridgeError } from '../../common/errors.js';
 import { LABELS } from '../../common/labels.js';
 import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js';
-import { boxState, sandboxSummary } from '../box-pod.js';
+import { boxState, sandboxSummary, sleepingSummary } from '../box-pod.js';
 import type { BoxReader } from '../kube/box-cache.js';
 import type { KubeCall } from '../kube/instrument.js';
 import type { NodeReader } from '../kube/node-cache.js';
 import type { PolicySource } from '../kube/policy.js';
+import type { SleepingReader } from '../kube/sleeping-records.js';
 import type { SandboxList, SandboxesQuery } from '../schemas.js';
 import type { BoxService } from './boxes.js';
 import type { CapacityService } from './capacity.js';
@@ -32,6 +33,8 @@ export interface ClusterServiceDeps {
   custom: k8s.CustomObjectsApi;
   call: KubeCall;
   cache: BoxReader;
+  /** Records of sleeping boxes: listed with status Sleeping. */
+  sleeping?: SleepingReader;
   policy: PolicySource;
   boxes: BoxService;
   namespace: string;
@@ -45,8 +48,8 @@ export interface ClusterServiceDeps {
 export class ClusterService {
   private versionInfo: k8s.VersionInfo | undefined;
   private readonly now: () => Date;
-  private readonly entryCache = new WeakMap<k8s.V1Pod, SandboxEntry>();
-  private sorted: { version: number; entries: SandboxEntry[] } | undefined;
+  private readonly entryCache = new WeakMap<k8s.V1Pod | k8s.V1Secret, SandboxEntry>();
+  private sorted: { version: string; entries: SandboxEntry[] } | undefined;
   private serialized: { key: string; json: string } | undefined;
 
   constructor(private readonly deps: ClusterServiceDeps) {
@@ -152,7 +155,7 @@ export class ClusterService {
    * same query within the same second while the cache is unchanged (dashboards poll it).
    */
   sandboxesJson(query: SandboxesQuery = {}): string {
-    const key = `${this.deps.cache.version()}|${Math.floor(this.now().getTime() / 1000)}|${JSON.stringify(query)}`;
+    const key = `${this.listVersion()}|${Math.floor(this.now().getTime() / 1000)}|${JSON.stringify(query)}`;
     if (this.serialized?.key === key) return this.serialized.json;
     const page = this.page(query);
     const items = page.entries.map((e) => `${e.json},"age_seconds":${ageSeconds(e, page.nowMs)}}`);
@@ -191,10 +194,12 @@ export class ClusterService {
    * in the cache, so its WeakMap entry goes with it); the order is kept until the cache changes.
    */
   private sortedEntries(): SandboxEntry[] {
-    const version = this.deps.cache.version();
+    const version = this.listVersion();
     if (this.sorted?.version === version) return this.sorted.entries;
     const entries: SandboxEntry[] = [];
     for (const pod of this.deps.cache.list()) {
+      // The pod a box slept in, still terminating, is not the box: its Sleeping entry below is.
+      if (pod.metadata?.deletionTimestamp && this.deps.boxes.sleepingRecord(pod.metadata.labels?.[LABELS.boxId] ?? pod.metadata.name ?? '')) continue;
       let entry = this.entryCache.get(pod);
       if (!entry) {
         const { age_seconds: _age, ...summary } = sandboxSummary(pod);
@@ -203,9 +208,24 @@ export class ClusterService {
       }
       entries.push(entry);
     }
+    for (const record of this.deps.sleeping?.list() ?? []) {
+      if (!this.deps.boxes.sleepingRecord(record.metadata?.name ?? '')) continue;
+      let entry = this.entryCache.get(record);
+      if (!entry) {
+        const { age_seconds: _age, ...summary } = sleepingSummary(record);
+        entry = { summary, createdMs: Date.parse(summary.created_at) || 0, json: JSON.stringify(summary).slice(0, -1) };
+        this.entryCache.set(record, entry);
+      }
+      entries.push(entry);
+    }
     entries.sort((a, b) => compareEntry(a.summary.created_at, a.summary.name, b.summary.created_at, b.summary.name));
     this.sorted = { version, entries };
     return entries;
+  }
+
+  /** Changes whenever a box pod or a sleeping box's record does. */
+  private listVersion(): string {
+    return `${this.deps.cache.version()}.${this.deps.sleeping?.version() ?? 0}`;
   }
 
   capacity() {

@@ -24,7 +24,7 @@ import type { BoxdClient } from '../boxd/client.js';
 import type { BoxRecords } from '../kube/box-records.js';
 import type { PolicySource } from '../kube/policy.js';
 import type { CreateBoxRequest } from '../schemas.js';
-import type { BoxConnector } from './box-connector.js';
+import type { BoxConnector, CallOptions } from './box-connector.js';
 import type { BoxService } from './boxes.js';
 import type { EnvService } from './env.js';
 import type { EnvSealer } from './env-seal.js';
@@ -71,7 +71,7 @@ export class SnapshotService {
   }
 
   /** Snapshots the box: its workspace, env and metadata. 201 body. */
-  async create(boxId: string, req: { ttlSeconds?: number; name?: string } = {}): Promise<SnapshotView> {
+  async create(boxId: string, req: { ttlSeconds?: number; name?: string } = {}, options: CallOptions = {}): Promise<SnapshotView> {
     const { store, sealer } = this.configured();
     const retention = this.deps.policy.current().snapshots.retentionSeconds;
     const started = performance.now();
@@ -123,7 +123,7 @@ export class SnapshotService {
           throw err;
         }
         return view(metadata);
-      });
+      }, undefined, options);
       this.deps.onDone?.('create', 'ok', (performance.now() - started) / 1000, bytes);
       return snapshot;
     } catch (err) {
@@ -162,13 +162,8 @@ export class SnapshotService {
   }
 
   async delete(snapshotId: string): Promise<{ snapshot_id: string; deleted: true }> {
-    const { store } = this.configured();
     await this.metadata(snapshotId); // 400 / 404 first
-    const id = parseSnapshotId(snapshotId)!;
-    // Metadata first: from then on the snapshot is gone for every reader, even if the second
-    // delete fails (the operator removes a workspace object left without metadata).
-    await store.delete([store.key(snapshotKey(this.pool, id, METADATA_OBJECT))]);
-    await store.delete([store.key(snapshotKey(this.pool, id, WORKSPACE_OBJECT))]);
+    await this.discard(snapshotId);
     return { snapshot_id: snapshotId, deleted: true };
   }
 
@@ -206,6 +201,29 @@ export class SnapshotService {
     await this.restore(boxId, metadata, this.configured().sealer.open(metadata.env, metadata.snapshot_id));
   }
 
+  /** Restores a snapshot's workspace into a box being woken (its env is in its record already). */
+  async restoreWorkspace(boxId: string, snapshotId: string): Promise<void> {
+    await this.restore(boxId, await this.metadata(snapshotId), {}, { internal: true });
+  }
+
+  /**
+   * Deletes a snapshot's objects (also an idle sleep's, given up after its snapshot was taken).
+   * Metadata first: from then on the snapshot is gone for every reader, even if the second
+   * delete fails (the operator removes a workspace object left without metadata).
+   */
+  async discard(snapshotId: string): Promise<void> {
+    const { store } = this.configured();
+    const id = parseSnapshotId(snapshotId);
+    if (!id) return;
+    await store.delete([store.key(snapshotKey(this.pool, id, METADATA_OBJECT))]);
+    await store.delete([store.key(snapshotKey(this.pool, id, WORKSPACE_OBJECT))]);
+  }
+
+  /** Whether snapshots are configured (idle sleep needs them). */
+  get available(): boolean {
+    return Boolean(this.deps.store && this.deps.sealer);
+  }
+
   /**
    * Snapshots the box, then deletes it: the delete is sent only once the snapshot is stored, so
    * a store that fails leaves the box as it was (and the caller gets the store's error).
@@ -220,7 +238,7 @@ export class SnapshotService {
     return this.deps.policy.current().snapshots.onDelete;
   }
 
-  private async restore(boxId: string, metadata: SnapshotMetadata, env: Record<string, string>): Promise<void> {
+  private async restore(boxId: string, metadata: SnapshotMetadata, env: Record<string, string>, options: CallOptions = {}): Promise<void> {
     const { store } = this.configured();
     const id = parseSnapshotId(metadata.snapshot_id)!;
     const maxBytes = parseQuantity(this.deps.policy.current().box.workspaceSizeLimit);
@@ -238,7 +256,7 @@ export class SnapshotService {
           check.destroy(); // after a refusal, releases the store's stream too (pipeline)
         }
         bytes = check.bytes;
-      });
+      }, undefined, options);
       // Through the env service: the box's Secret first (durable), then boxd.
       if (Object.keys(env).length > 0) await this.deps.env.merge(boxId, env);
       this.deps.onDone?.('restore', 'ok', (performance.now() - started) / 1000, bytes);

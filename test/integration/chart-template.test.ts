@@ -18,7 +18,8 @@ const OPERATOR = 'rel-sandbox-bridge-operator';
 const BRIDGE_NAMESPACED_RULES = [
   { apiGroups: [''], resources: ['pods'], verbs: ['create', 'get', 'list', 'watch', 'delete', 'patch'] },
   { apiGroups: [''], resources: ['pods/log'], verbs: ['get'] },
-  { apiGroups: [''], resources: ['secrets'], verbs: ['get', 'create', 'update', 'delete'] },
+  { apiGroups: [''], resources: ['secrets'], verbs: ['get', 'create', 'update', 'delete', 'patch', 'list', 'watch'] },
+  { apiGroups: [''], resources: ['events'], verbs: ['create'] },
   { apiGroups: ['metrics.k8s.io'], resources: ['pods'], verbs: ['list'] },
 ];
 /** The operator's calls in each pool namespace (operator/controller.ts, pool-reconciler.ts, events). */
