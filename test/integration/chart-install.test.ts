@@ -176,7 +176,10 @@ test('ServiceAccount permissions: what the bridge needs where it needs it, nothi
     ['create', 'pods', 'default', undefined, false],
     ['list', 'pods', undefined, undefined, false],
     ['get', 'secrets', releaseNs, undefined, false],
-    ['list', 'secrets', sandboxNs, undefined, false],
+    // Idle sleep watches the records of sleeping boxes (and swaps their marks).
+    ['list', 'secrets', sandboxNs, undefined, true],
+    ['patch', 'secrets', sandboxNs, undefined, true],
+    ['list', 'secrets', releaseNs, undefined, false],
     ['update', 'sandboxpools', undefined, undefined, false],
   ];
   const results = [];
