@@ -9,7 +9,7 @@ import { BoxGoneError, BoxStartTimeoutError, type BoxReader } from '../kube/box-
 import type { BoxService } from './boxes.js';
 
 export interface BoxConnectorDeps {
-  boxes: Pick<BoxService, 'get'>;
+  boxes: Pick<BoxService, 'get' | 'answering'>;
   cache: BoxReader;
   boxd: BoxdClient;
   /** The key box credentials are derived from (common/boxd.ts). */
@@ -110,7 +110,7 @@ export class BoxConnector {
   private async connect(pod: k8s.V1Pod, signal: AbortSignal, lost: boolean): Promise<k8s.V1Pod> {
     const name = pod.metadata!.name!;
     const cached = this.deps.cache.pod(name) ?? pod;
-    if (!lost && cached.status?.podIP && this.ready.get(name) === cached.metadata?.uid) return cached;
+    if (!lost && cached.status?.podIP && (this.ready.get(name) === cached.metadata?.uid || this.deps.boxes.answering(cached))) return cached;
 
     const deadline = performance.now() + (lost ? LOST_BOX_WAIT_MS : this.deps.startTimeoutMs);
     for (;;) {

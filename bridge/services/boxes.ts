@@ -36,6 +36,12 @@ const CLAIM_ATTEMPTS = 3;
 const QUOTA_RETRIES = 5;
 /** A claimed pod's agent must answer within this, or the claim is undone. */
 const CLAIM_CHECK_MS = 2000;
+/**
+ * Boxes this replica just made are served from memory this long, until its watch shows them: the
+ * agent's first call usually follows its create within milliseconds, before the watch event.
+ */
+const JUST_MADE_MS = 30_000;
+const JUST_MADE_MAX = 1000;
 /** How long a woken box's new pod waits for the previous pod of its name to finish terminating. */
 const REVIVE_NAME_WAIT_MS = 30_000;
 
@@ -66,6 +72,8 @@ export interface BoxServiceDeps {
 export class BoxService {
   private readonly now: () => Date;
   private readonly deleted = new Set<string>();
+  /** box id -> the pod this replica just made or claimed for it, and whether its agent answered. */
+  private readonly justMade = new Map<string, { pod: k8s.V1Pod; at: number; answering: boolean }>();
 
   constructor(private readonly deps: BoxServiceDeps) {
     this.now = deps.now ?? (() => new Date());
@@ -146,6 +154,7 @@ export class BoxService {
         if (warm && !claimed) this.deps.onWarmMiss?.();
         const pod = claimed ?? (await this.createPod(spec, shape, session, nonce));
         this.deps.onCreated?.(claimed ? 'warm' : 'cold', (performance.now() - started) / 1000);
+        this.rememberMade(boxId, pod, Boolean(claimed));
         return this.created(pod);
       } catch (err) {
         await this.deps.records.delete(boxId, session.record.uid).catch(() => undefined);
@@ -282,7 +291,7 @@ export class BoxService {
    */
   async get(id: string): Promise<k8s.V1Pod> {
     if (!BOX_ID.test(id)) throw new BridgeError('invalid_request', `"${id}" is not a valid box id`);
-    const pod = this.deps.cache.get(id) ?? (await this.readBoxPod(id));
+    const pod = this.deps.cache.get(id) ?? this.madeHere(id) ?? (await this.readBoxPod(id));
     if (!pod || pod.metadata?.labels?.[LABELS.box] !== 'true' || pod.metadata?.labels?.[LABELS.warm] || this.isDeleting(pod)) throw notFound(id);
     return pod;
   }
@@ -367,6 +376,27 @@ export class BoxService {
     if (pod.metadata?.labels?.[LABELS.idempotencyKey] !== keyDigest || this.isDeleting(pod)) return false;
     const created = boxStatus(pod).created_at;
     return this.now().getTime() - (created ? Date.parse(created) : 0) < IDEMPOTENCY_WINDOW_MS;
+  }
+
+  /** Whether this replica made the pod and saw its agent answer (a claimed warm pod): no probe needed. */
+  answering(pod: k8s.V1Pod): boolean {
+    const made = this.justMade.get(boxIdOf(pod) ?? '');
+    return made?.answering === true && made.pod.metadata?.uid === pod.metadata?.uid;
+  }
+
+  private rememberMade(boxId: string, pod: k8s.V1Pod, answering: boolean): void {
+    if (this.justMade.size >= JUST_MADE_MAX) this.justMade.delete(this.justMade.keys().next().value!);
+    this.justMade.set(boxId, { pod, at: performance.now(), answering });
+  }
+
+  private madeHere(id: string): k8s.V1Pod | undefined {
+    const made = this.justMade.get(id);
+    if (!made) return undefined;
+    if (performance.now() - made.at > JUST_MADE_MS || this.isDeleting(made.pod)) {
+      this.justMade.delete(id);
+      return undefined;
+    }
+    return made.pod;
   }
 
   private isDeleting(pod: k8s.V1Pod): boolean {
