@@ -368,9 +368,14 @@ async function main() {
         namespace: ns,
         maxBoxes: BOXES + 100,
         maxExecsPerBox: LOAD_CONCURRENCY,
+        // The locally built box image: the pool default (a public python image) cannot be pulled here.
         box: onRealNode
-          ? { nodeSelector: { [REAL_NODE_LABEL]: 'true' }, tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }] }
-          : { nodeSelector: { type: 'kwok' } },
+          ? {
+              defaultImage: 'sandbox-bridge.local/box:dev',
+              nodeSelector: { [REAL_NODE_LABEL]: 'true' },
+              tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }],
+            }
+          : { defaultImage: 'sandbox-bridge.local/box:dev', nodeSelector: { type: 'kwok' } },
       },
     },
   );
