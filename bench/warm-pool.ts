@@ -107,14 +107,42 @@ const warmReady = async () =>
     (p) => !p.metadata?.deletionTimestamp && p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True'),
   ).length;
 
+/**
+ * When this process first saw each pod scheduled, with an IP (sandbox and network up, as the
+ * kubelet reports it) and with its box container running, from a watch: where a cold start's
+ * time goes, at the watch's resolution (milliseconds; the pods' own timestamps have seconds).
+ */
+function watchPodMilestones(): { seen: Map<string, { scheduled?: number; ip?: number; running?: number }>; stop: () => void } {
+  const seen = new Map<string, { scheduled?: number; ip?: number; running?: number }>();
+  let request: { abort: () => void } | undefined;
+  void new k8s.Watch(kc)
+    .watch(
+      `/api/v1/namespaces/${ns}/pods`,
+      {},
+      (_type: string, pod: k8s.V1Pod) => {
+        const name = pod.metadata?.name;
+        if (!name) return;
+        const now = performance.now();
+        const m = seen.get(name) ?? {};
+        if (m.scheduled === undefined && pod.spec?.nodeName) m.scheduled = now;
+        if (m.ip === undefined && pod.status?.podIP) m.ip = now;
+        if (m.running === undefined && pod.status?.containerStatuses?.some((c) => c.name === 'box' && c.state?.running)) m.running = now;
+        seen.set(name, m);
+      },
+      () => undefined,
+    )
+    .then((r) => (request = r as { abort: () => void }));
+  return { seen, stop: () => request?.abort() };
+}
+
 /** Create -> first exec answered, in ms; and the create alone. */
-async function createAndExec(client: BridgeClient, session: string, memory: number): Promise<{ total: number; create: number; boxId: string; warm: boolean }> {
+async function createAndExec(client: BridgeClient, session: string, memory: number): Promise<{ total: number; create: number; boxId: string; warm: boolean; t0: number }> {
   const t0 = performance.now();
   const box = await client.createBox({ sessionId: session, memory });
   const create = performance.now() - t0;
   const r = await client.exec(box.box_id, { command: 'true' });
   if (r.exit_code !== 0) throw new Error(`first exec exited ${r.exit_code}`);
-  return { total: performance.now() - t0, create, boxId: box.box_id, warm: box.pod_name !== box.box_id };
+  return { total: performance.now() - t0, create, boxId: box.box_id, warm: box.pod_name !== box.box_id, t0 };
 }
 
 async function main() {
@@ -172,6 +200,8 @@ async function main() {
 
     // 1. serial
     const serial = { warm: [] as number[], warmCreate: [] as number[], cold: [] as number[], coldCreate: [] as number[], warmMisses: 0 };
+    const milestones = watchPodMilestones();
+    const coldSteps = { scheduled: [] as number[], ip: [] as number[], running: [] as number[], answered: [] as number[] };
     for (let i = 0; i < WARM_SERIAL + COLD_SERIAL; i++) {
       const cold = i % Math.ceil((WARM_SERIAL + COLD_SERIAL) / COLD_SERIAL) === 0 && serial.cold.length < COLD_SERIAL;
       // Serial claims are measured on a quiet node: the pool refilled (no pod starting) before
@@ -181,12 +211,26 @@ async function main() {
       if (cold) {
         serial.cold.push(r.total);
         serial.coldCreate.push(r.create);
+        const m = milestones.seen.get(r.boxId);
+        if (m?.scheduled !== undefined && m.ip !== undefined && m.running !== undefined) {
+          coldSteps.scheduled.push(m.scheduled - r.t0);
+          coldSteps.ip.push(m.ip - m.scheduled);
+          coldSteps.running.push(m.running - m.ip);
+          coldSteps.answered.push(r.t0 + r.total - m.running);
+        }
       } else if (r.warm) {
         serial.warm.push(r.total);
         serial.warmCreate.push(r.create);
       } else serial.warmMisses++;
       await replica(i + 1).deleteBox(r.boxId);
     }
+    milestones.stop();
+    results.coldSteps = {
+      createToScheduled: stats(coldSteps.scheduled),
+      scheduledToIp: stats(coldSteps.ip),
+      ipToRunning: stats(coldSteps.running),
+      runningToFirstExec: stats(coldSteps.answered),
+    };
     results.serial = {
       warm: stats(serial.warm),
       warmCreate: stats(serial.warmCreate),
@@ -246,6 +290,12 @@ async function main() {
     rows.push([`serial, warm (n=${s.warm.n}): create -> first exec answered, p50 / p99`, `${ms(s.warm.p50)} / ${ms(s.warm.p99)}`, '<= 50 ms p50']);
     rows.push([`serial, cold (n=${s.cold.n}): create -> first exec answered, p50 / p99`, `${ms(s.cold.p50)} / ${ms(s.cold.p99)}`, '<= 1 s p50']);
     rows.push(['serial: of which POST /boxes alone, warm / cold (p50)', `${ms(s.warmCreate.p50)} / ${ms(s.coldCreate.p50)}`, '']);
+    const cs = results.coldSteps as Record<string, ReturnType<typeof stats>>;
+    rows.push([
+      'serial, cold, where the time goes (p50, as this process\'s pod watch saw it): create -> scheduled / -> pod IP (sandbox, network) / -> box container running (init container, start) / -> first exec answered',
+      `${ms(cs.createToScheduled!.p50)} / ${ms(cs.scheduledToIp!.p50)} / ${ms(cs.ipToRunning!.p50)} / ${ms(cs.runningToFirstExec!.p50)}`,
+      '',
+    ]);
     rows.push(['serial: cold / warm (p50)', `${(s.cold.p50 / s.warm.p50).toFixed(1)}x`, '']);
     rows.push([`bursts of ${WARM}, 2 replicas, warm (n=${wb.n}): create -> first exec, p50 / p99`, `${ms(wb.p50)} / ${ms(wb.p99)}`, '<= 50 ms p50, <= 150 ms p99']);
     rows.push([`bursts of ${WARM}, 2 replicas, cold (n=${cb.n}): create -> first exec, p50 / p99`, `${ms(cb.p50)} / ${ms(cb.p99)}`, '']);
