@@ -27,7 +27,7 @@ region=us-east-1
 bin=$CLUSTER_DIR/bin/versitygw
 [ -x "$bin" ] || { log "ERROR: $bin is missing; run test/cluster/build.sh"; exit 1; }
 
-running() { [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; }
+running() { [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null && grep -q versitygw "/proc/$(cat "$d/pid")/cmdline" 2>/dev/null; }
 port_free() { ! ss -Htln "sport = :$1" 2>/dev/null | grep -q .; }
 
 if [ ! -s "$d/credentials" ]; then

@@ -26,7 +26,9 @@ stop() { # NAME : TERM, then KILL after 20s, the process whose pid up.sh recorde
   local pidfile=$d/run/$1.pid pid
   [ -f "$pidfile" ] || return 0
   pid=$(cat "$pidfile")
-  if kill -0 "$pid" 2>/dev/null; then
+  # Only the program the pid file names: a stale file's number may belong to another process now
+  # (another checkout's kubelet, anything).
+  if kill -0 "$pid" 2>/dev/null && grep -qa -- "$1" "/proc/$pid/cmdline" 2>/dev/null; then
     log "stopping $1 (pid $pid)"
     kill "$pid" 2>/dev/null || true
     for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done

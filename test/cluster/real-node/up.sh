@@ -31,7 +31,12 @@ die() {
   exit 1
 }
 trap 'die "unexpected failure at real-node/up.sh line $LINENO: $BASH_COMMAND"' ERR
-running() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }  # PIDFILE
+# PIDFILE (<name>.pid): alive and still the program it names. A pid file left by an earlier boot
+# or session can hold a number the kernel has since given to another process.
+running() {
+  local pid
+  [ -f "$1" ] && pid=$(cat "$1") && kill -0 "$pid" 2>/dev/null && grep -qa -- "$(basename "$1" .pid)" "/proc/$pid/cmdline" 2>/dev/null
+}
 start=$(date +%s)
 
 [ "$(id -u)" = 0 ] || die "must run as root (containerd, runc, the pod bridge, iptables and cgroups need it); running as uid $(id -u)"
