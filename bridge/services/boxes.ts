@@ -408,7 +408,8 @@ export class BoxService {
     this.deleted.add(uid);
   }
 
-  private async readPod(name: string): Promise<k8s.V1Pod | undefined> {
+  /** A pod of the namespace by name, from the API server (not the cache); undefined when absent. */
+  async readPod(name: string): Promise<k8s.V1Pod | undefined> {
     try {
       return await this.deps.call('read box pod', () => this.deps.core.readNamespacedPod({ name, namespace: this.deps.namespace }));
     } catch (err) {

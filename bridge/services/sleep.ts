@@ -55,7 +55,7 @@ export interface SleepServiceDeps {
   cache: BoxReader;
   sleeping: SleepingReader;
   records: BoxRecords;
-  boxes: Pick<BoxService, 'revive'>;
+  boxes: Pick<BoxService, 'revive' | 'readPod'>;
   boxd: BoxdClient;
   connector: BoxConnector;
   snapshots: Pick<SnapshotService, 'create' | 'restoreWorkspace' | 'discard' | 'available'>;
@@ -290,7 +290,7 @@ export class SleepService implements SleepHooks {
       if (!current) return undefined; // another replica took it
       await delay(SETTLE_MS);
 
-      const live = await this.readPod(pod.metadata!.name!);
+      const live = await this.deps.boxes.readPod(pod.metadata!.name!);
       const after = this.sleepAfterMs();
       if (!live || live.metadata?.uid !== pod.metadata!.uid || live.metadata?.deletionTimestamp || !after || this.now() - lastActive(live) < after) {
         return this.finish('active', current);
@@ -367,15 +367,6 @@ export class SleepService implements SleepHooks {
   private livePod(boxId: string): k8s.V1Pod | undefined {
     const pod = this.deps.cache.get(boxId);
     return pod && !pod.metadata?.deletionTimestamp ? pod : undefined;
-  }
-
-  private async readPod(name: string): Promise<k8s.V1Pod | undefined> {
-    try {
-      return await this.deps.call('read box pod', () => this.deps.core.readNamespacedPod({ name, namespace: this.deps.namespace }));
-    } catch (err) {
-      if (err instanceof BridgeError && err.type === 'not_found') return undefined;
-      throw err;
-    }
   }
 
   private async deletePod(pod: k8s.V1Pod, resourceVersion?: string): Promise<void> {
