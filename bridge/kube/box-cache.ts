@@ -19,6 +19,11 @@ export interface BoxReader {
   all(): readonly k8s.V1Pod[];
   /** Warm pods of a pool (made from the given template, if one is given) ready to claim: Running, Ready, not deleting. */
   warm(pool: string, template?: string): k8s.V1Pod[];
+  /**
+   * Unclaimed warm pods of a pool that still hold quota, whatever their template or readiness,
+   * least useful first (still starting, then an old template, then ready ones).
+   */
+  spares(pool: string, template: string): k8s.V1Pod[];
   /** Warm pods of a pool that are ready, whatever their template. */
   warmReadyCount(pool: string): number;
   /** Boxes that count against the caps: every box not finished (deleting ones still hold their name). */
@@ -116,6 +121,14 @@ export class BoxCache implements BoxReader {
           (template === undefined || pod.metadata?.annotations?.[ANNOTATIONS.warmTemplate] === template) &&
           isReady(pod),
       );
+  }
+
+  spares(pool: string, template: string): k8s.V1Pod[] {
+    const worth = (pod: k8s.V1Pod) => (isReady(pod) ? 2 : 0) + (pod.metadata?.annotations?.[ANNOTATIONS.warmTemplate] === template ? 1 : 0);
+    return this.informer
+      .list(this.namespace)
+      .filter((pod) => pod.metadata?.labels?.[LABELS.warm] === pool && !pod.metadata.deletionTimestamp)
+      .sort((x, y) => worth(x) - worth(y));
   }
 
   warmReadyCount(pool: string): number {

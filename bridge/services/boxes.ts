@@ -32,8 +32,8 @@ const IDEMPOTENCY_WINDOW_MS = 24 * 3600 * 1000;
 const RECENT_DELETES = 10_000;
 /** Warm pods a create tries before it makes a new one (each lost race costs one API call). */
 const CLAIM_ATTEMPTS = 3;
-/** Creates retried while a warm pod given up for the quota is counted out (150 ms doubling: ~4.5 s). */
-const QUOTA_RETRIES = 5;
+/** Creates retried while a warm pod given up for the quota is counted out (150 ms doubling: ~9.5 s). */
+const QUOTA_RETRIES = 6;
 /** A claimed pod's agent must answer within this, or the claim is undone. */
 const CLAIM_CHECK_MS = 2000;
 /**
@@ -239,11 +239,13 @@ export class BoxService {
       } catch (err) {
         const quota = err instanceof BridgeError && err.type === 'forbidden' && /exceeded quota/i.test(err.message);
         if (!quota || attempt >= QUOTA_RETRIES) throw err;
-        // Unclaimed warm pods hold no one's data: one removed at once frees its quota now. The
+        // Unclaimed warm pods hold no one's data: one removed at once frees its quota now (one
+        // still starting too: it holds quota as much as a ready one). The
         // resource version guards against a claim through another replica a moment ago; a delete
         // it refused (the pod changed) is tried again with the version the cache sees next.
         const seen = (p: k8s.V1Pod) => `${p.metadata!.uid}@${p.metadata!.resourceVersion}`;
-        const spare = this.deps.cache.warm(this.deps.policy.poolName).find((p) => !evicted.has(seen(p)));
+        const spares = this.deps.cache.spares(this.deps.policy.poolName, warmTemplateHash(spec, this.deps.boxdImage));
+        const spare = spares.find((p) => !evicted.has(seen(p)));
         if (!spare && evicted.size === 0) throw err;
         if (spare) {
           evicted.add(seen(spare));
