@@ -574,3 +574,41 @@ func TestShutdownEndsStreamsWithAnErrorFrame(t *testing.T) {
 		}
 	}
 }
+
+func TestActivityCountsCallsAtWork(t *testing.T) {
+	b := newBox(t)
+	calls := func() int64 {
+		var got struct{ Calls int64 }
+		decode(t, b.do("GET", "/v1/activity", nil), http.StatusOK, &got)
+		return got.Calls
+	}
+	if n := calls(); n != 0 {
+		t.Fatalf("idle box: calls = %d, want 0", n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp := b.doCtx(ctx, "POST", "/v1/exec", jsonBody(map[string]any{"command": "echo started; exec sleep 100", "timeout_ms": 60000}))
+	fr := frames.NewReader(resp.Body)
+	for {
+		typ, _, err := fr.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if typ == frames.Stdout {
+			break
+		}
+	}
+	if n := calls(); n != 1 {
+		t.Fatalf("during a streaming exec: calls = %d, want 1", n)
+	}
+	cancel()
+	resp.Body.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for calls() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("calls never went back to 0 after the exec ended")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	wantError(t, b.do("GET", "/v1/activity", nil, "X-Boxd-Token", "wrong"), http.StatusUnauthorized, "unauthorized")
+}

@@ -123,6 +123,11 @@ export class BoxdClient {
     return this.json(t, 'POST', '/v1/processes', { json: req, signal });
   }
 
+  /** How many calls boxd is serving now (idle sleep leaves a box with any at work awake). */
+  activity(t: BoxdTarget, signal?: AbortSignal): Promise<{ calls: number }> {
+    return this.json(t, 'GET', '/v1/activity', { signal });
+  }
+
   listProcesses(t: BoxdTarget, signal?: AbortSignal): Promise<{ processes: BoxdProcess[] }> {
     return this.json(t, 'GET', '/v1/processes', { signal });
   }

@@ -28,10 +28,13 @@ const CACHE_SIZE = 50_000;
 
 /** Idle sleep's part in every call (bridge/services/sleep.ts). */
 export interface SleepHooks {
-  /** Resolves once the box is not asleep (waking it, or waiting for the replica that does). */
-  ensureAwake(boxId: string, signal?: AbortSignal): Promise<void>;
+  /**
+   * Resolves once the box is not asleep (waking it, or waiting for the replica that does). With
+   * recheck, the box's record is read even when this replica's watch shows no sleep.
+   */
+  ensureAwake(boxId: string, signal?: AbortSignal, recheck?: boolean): Promise<void>;
   /** Records the call as the box's latest activity (at most every few seconds per box). */
-  touch(pod: k8s.V1Pod): Promise<void>;
+  touch(pod: k8s.V1Pod): Promise<boolean>;
 }
 
 export interface CallOptions {
@@ -66,11 +69,7 @@ export class BoxConnector {
    * answers again (nothing reached it, so nothing ran twice).
    */
   async call<T>(boxId: string, fn: (call: BoxCall) => Promise<T>, signal?: AbortSignal, options: CallOptions = {}): Promise<T> {
-    const sleep = options.internal ? undefined : this.sleep;
-    await sleep?.ensureAwake(boxId, signal);
-    const pod = await this.deps.boxes.get(boxId);
-    checkUsable(pod);
-    await sleep?.touch(pod);
+    const pod = await this.awakePod(boxId, options.internal ? undefined : this.sleep, signal);
     const name = pod.metadata!.name!;
     const aborter = new AbortController();
     const stop = this.deps.cache.onGone(name, () =>
@@ -92,6 +91,25 @@ export class BoxConnector {
     } finally {
       stop();
       signal?.removeEventListener('abort', onCallerAbort);
+    }
+  }
+
+  /**
+   * The box's pod, woken first if it sleeps. A sleep that took the pod just as the call came in
+   * (this replica's watch did not show it yet) answers not_found once: the box is then woken
+   * from its record and the call goes on, as if it had come a moment later.
+   */
+  private async awakePod(boxId: string, sleep: SleepHooks | undefined, signal: AbortSignal | undefined): Promise<k8s.V1Pod> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await sleep?.ensureAwake(boxId, signal, attempt > 0);
+        const pod = await this.deps.boxes.get(boxId);
+        checkUsable(pod);
+        await sleep?.touch(pod);
+        return pod;
+      } catch (err) {
+        if (!sleep || attempt > 0 || !(err instanceof BridgeError && err.type === 'not_found')) throw err;
+      }
     }
   }
 

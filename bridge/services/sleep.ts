@@ -1,6 +1,7 @@
 // Idle sleep and wake (docs/snapshots.md, "Idle sleep"). A box with no bridge call for the pool's
-// idle.sleepAfterSeconds, and no background process younger than the 30-minute keepalive cap, is
-// snapshotted and its pod deleted; its record stays, marked asleep with the snapshot. The next
+// idle.sleepAfterSeconds, no call still at work in it (boxd counts them), and no background
+// process younger than the 30-minute keepalive cap, is snapshotted and its pod deleted; its
+// record stays, marked asleep with the snapshot. The next
 // call to it, through any replica, wakes it inside the box connector: a warm or new pod, the
 // workspace restored, the env from the record, the same box id; then the call proceeds.
 //
@@ -108,19 +109,24 @@ export class SleepService implements SleepHooks {
 
   // ---- activity ----
 
-  async touch(pod: k8s.V1Pod, force = false): Promise<void> {
+  /** Records a call on the box's pod; false when that write failed (the call goes on regardless). */
+  async touch(pod: k8s.V1Pod, force = false): Promise<boolean> {
     const after = this.sleepAfterMs();
-    if (!after) return;
+    if (!after) return true;
     const uid = pod.metadata!.uid!;
     const now = this.now();
     const last = Math.max(this.touched.get(uid) ?? 0, lastActive(pod));
     // At most once per tenth of the idle time per box and replica: no API write per exec.
-    if (!force && now - last < clamp(after / 10, 500, 60_000)) return;
-    if (this.touched.size >= TOUCH_MEMORY) this.touched.delete(this.touched.keys().next().value!);
-    this.touched.set(uid, now);
-    await this.patchPod(pod, { [ANNOTATIONS.lastActive]: new Date(now).toISOString() }).catch((err: unknown) => {
+    if (!force && now - last < clamp(after / 10, 500, 60_000)) return true;
+    try {
+      await this.patchPod(pod, { [ANNOTATIONS.lastActive]: new Date(now).toISOString() });
+      if (this.touched.size >= TOUCH_MEMORY) this.touched.delete(this.touched.keys().next().value!);
+      this.touched.set(uid, now);
+      return true;
+    } catch (err) {
       this.deps.log.debug({ err, box: pod.metadata?.name }, 'could not record box activity');
-    });
+      return false;
+    }
   }
 
   private patchPod(pod: k8s.V1Pod, annotations: Record<string, string>): Promise<k8s.V1Pod> {
@@ -134,8 +140,10 @@ export class SleepService implements SleepHooks {
 
   // ---- wake ----
 
-  async ensureAwake(boxId: string, signal?: AbortSignal): Promise<void> {
-    if (!this.deps.sleeping.get(boxId)) return; // the common case: no record in a sleep state
+  async ensureAwake(boxId: string, signal?: AbortSignal, recheck = false): Promise<void> {
+    // The common case: no record in a sleep state. A recheck (the box's pod went as the call
+    // came in) reads the record itself: this replica's watch may not show the sleep yet.
+    if (!recheck && !this.deps.sleeping.get(boxId)) return;
     let wait = this.waits.get(boxId);
     if (!wait) {
       wait = this.awaken(boxId).finally(() => this.waits.delete(boxId));
@@ -161,11 +169,14 @@ export class SleepService implements SleepHooks {
       const stale = this.now() - markedAt(record) > STALE_MARK_MS;
       const pod = this.livePod(boxId);
       if (state === 'pending') {
+        if (pod && (this.touched.get(pod.metadata!.uid!) ?? 0) > markedAt(record)) return; // already moved on, below
         if (pod && !touchedPending) {
           // A call while the box is being snapshotted: moving its activity on makes the sleep
-          // give up (the pod's delete is guarded by its resource version); the call then proceeds.
+          // give up (the pod's delete is guarded by its resource version, and a sleeper that has
+          // yet to look sees the activity), so the call proceeds at once, even when the sleeper
+          // died mid-snapshot. A write that failed proves nothing: then the call waits.
           touchedPending = true;
-          await this.touch(pod, true);
+          if (await this.touch(pod, true)) return;
         }
         if (stale) {
           // Its sleeper died: with a stored snapshot and no pod it sleeps; otherwise it runs on.
@@ -295,10 +306,16 @@ export class SleepService implements SleepHooks {
       if (!live || live.metadata?.uid !== pod.metadata!.uid || live.metadata?.deletionTimestamp || !after || this.now() - lastActive(live) < after) {
         return this.finish('active', current);
       }
-      const { processes } = await this.deps.connector.call(boxId, ({ target, signal }) => this.deps.boxd.listProcesses(target, signal), undefined, { internal: true });
+      const { processes, calls } = await this.deps.connector.call(
+        boxId,
+        async ({ target, signal }) => ({ ...(await this.deps.boxd.listProcesses(target, signal)), ...(await this.deps.boxd.activity(target, signal)) }),
+        undefined,
+        { internal: true },
+      );
       const now = this.now();
-      if (processes.some((p) => p.status === 'running' && now - Date.parse(p.started_at) < KEEPALIVE_CAP_MS)) {
-        // The platform's keepalive while background tasks live (each for 30 minutes at most).
+      if (calls > 0 || processes.some((p) => p.status === 'running' && now - Date.parse(p.started_at) < KEEPALIVE_CAP_MS)) {
+        // A call still at work (a long command, a stream, a terminal; through any replica), or
+        // the platform's keepalive while background tasks live (each for 30 minutes at most).
         await this.touch(live, true);
         return this.finish('busy', current);
       }

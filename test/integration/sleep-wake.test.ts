@@ -3,13 +3,15 @@
 // is snapshotted, its pod deleted and reported Sleeping; a call wakes it with its tree (binary,
 // empty, symlinks, modes) and env intact; two replicas woken at once make one pod; a background
 // process keeps a box awake; a store that is down leaves the box running with an Event saying so;
-// a fork of the sleep snapshot is independent; the sleep and wake metrics count.
+// a fork of the sleep snapshot is independent; a bridge killed mid-snapshot never costs the box
+// its pod; the sleep and wake metrics count.
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import type { RunningBridge } from '../../bridge/server.js';
-import { ON_REAL_NODE, api, startTestBridge, testPolicy } from '../support/bridge.js';
+import { ObjectStore, ObjectStoreConfigSchema } from '../../common/object-store.js';
+import { ON_REAL_NODE, api, spawnBridge, startTestBridge, testPolicy } from '../support/bridge.js';
 import { createTestNamespace, deleteTestNamespace, realNodeAvailable, testKubeConfig } from '../support/cluster.js';
-import { freePort } from '../support/operator.js';
+import { Pools, freePort, installCrd } from '../support/operator.js';
 import { localObjectStore } from '../support/object-store.js';
 
 const kc = testKubeConfig();
@@ -157,6 +159,16 @@ suite('idle sleep and wake on the real node with the real store', () => {
     expect((await call('GET', `/boxes/${box}/status`)).status).toBe(404);
   }, 240_000);
 
+  test('a command still running when the idle time is up keeps its box awake', async () => {
+    const created = await call('POST', '/boxes', { sessionId: 'long-command', cpu: 0.25, memory: 256 });
+    const box = created.json.box_id as string;
+    const pod = (await boxPods(namespace, box))[0]!.metadata!.uid;
+    // Longer than three idle times, with no other call meanwhile.
+    expect(await exec(call, box, `sleep ${SLEEP_AFTER_SECONDS * 3 + 2}; echo done`)).toMatchObject({ exit_code: 0, stdout: 'done\n' });
+    expect((await boxPods(namespace, box)).map((p) => [p.metadata!.uid, p.metadata!.deletionTimestamp ?? null])).toEqual([[pod, null]]);
+    expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
+  }, 120_000);
+
   test('a fork of the sleep snapshot is independent of the box', async () => {
     const created = await call('POST', '/boxes', { sessionId: 'forked', cpu: 0.25, memory: 256 });
     const box = created.json.box_id as string;
@@ -207,4 +219,70 @@ suite('idle sleep with the object store down', () => {
     expect(await metric(bridge, 'sandbox_bridge_box_sleeps_total', { outcome: 'error' })).toBeGreaterThanOrEqual(1);
     expect((await boxPods(namespace, box)).map((p) => p.metadata!.uid)).toEqual([pod.metadata!.uid]);
   }, 120_000);
+});
+
+suite('a bridge killed in the middle of a sleep', () => {
+  const pools = new Pools(kc, `sleep-kill-${randomBytes(3).toString('hex')}`);
+  let namespace: string;
+  let poolName: string;
+
+  beforeAll(async () => {
+    namespace = await createTestNamespace(kc, 'sleep-kill', { 'pod-security.kubernetes.io/enforce': 'restricted' });
+    // Bridges as deployed: they read the pool from its SandboxPool object (no operator needed).
+    await installCrd(kc);
+    poolName = `pool-${namespace}`;
+    await pools.create(poolName, { namespace, box: ON_REAL_NODE.box, idle: { sleepAfterSeconds: 3 } });
+  }, 120_000);
+
+  afterAll(async () => {
+    await pools.delete(poolName).catch(() => undefined);
+    await deleteTestNamespace(kc, namespace);
+  });
+
+  test('never costs the box its pod; a call through another replica goes on at once, files intact', async () => {
+    const env = { POOL_NAME: poolName, SANDBOX_NAMESPACE: namespace, ...storeEnv };
+    const doomed = await spawnBridge(env);
+    const via = api(doomed);
+    const created = await via('POST', '/boxes', { sessionId: 'killed-mid-sleep', cpu: 0.25, memory: 256 });
+    expect(created.status).toBe(201);
+    const box = created.json.box_id as string;
+    // Incompressible and large, so the snapshot takes seconds to stream.
+    const made = await via('POST', `/boxes/${box}/exec`, { command: 'head -c 157286400 /dev/urandom > data.bin && sha256sum data.bin | cut -c1-64' });
+    expect(made.json.exit_code).toBe(0);
+    const pod = (await boxPods(namespace, box))[0]!;
+
+    // The sleep has begun when its snapshot's upload is under way in the store.
+    const s3 = new ObjectStore(ObjectStoreConfigSchema.parse(storeEnv));
+    await until('the sleep snapshot to be streaming', async () => {
+      for await (const upload of s3.listUploads(storeEnv.OBJECT_STORE_PREFIX!)) return upload;
+      return undefined;
+    }, 60_000).finally(() => s3.close());
+    const record = await core.readNamespacedSecret({ name: box, namespace });
+    expect(record.metadata?.labels?.['sandbox-bridge.io/sleep']).toBe('pending');
+    process.kill(doomed.pid, 'SIGKILL');
+    await doomed.stop();
+
+    const survivor = await startTestBridge(kc, undefined, env);
+    try {
+      // The dead bridge's mark stays until it is stale (minutes); a call need not wait for it.
+      const t0 = performance.now();
+      const read = await api(survivor)('POST', `/boxes/${box}/exec`, { command: 'sha256sum data.bin | cut -c1-64' });
+      const callMs = performance.now() - t0;
+      expect(read.json).toMatchObject({ exit_code: 0, stdout: made.json.stdout });
+      expect(callMs).toBeLessThan(20_000);
+      // Twice the idle time on: the same pod, never deleting, the record not asleep.
+      const until2 = Date.now() + 6000;
+      while (Date.now() < until2) {
+        const pods = await boxPods(namespace, box);
+        expect(pods.map((p) => [p.metadata!.uid, p.metadata!.deletionTimestamp ?? null])).toEqual([[pod.metadata!.uid, null]]);
+        await new Promise((r) => setTimeout(r, 300));
+      }
+      const after = await core.readNamespacedSecret({ name: box, namespace });
+      expect(after.metadata?.labels?.['sandbox-bridge.io/sleep']).not.toBe('asleep');
+      expect((await api(survivor)('GET', `/boxes/${box}/status`)).json.status).toBe('Running');
+      expect((await api(survivor)('DELETE', `/boxes/${box}`)).status).toBe(200);
+    } finally {
+      await survivor.close();
+    }
+  }, 240_000);
 });
