@@ -328,7 +328,8 @@ export class SleepService implements SleepHooks {
         cpu: status.cpu,
         memory: status.memory,
         ...(live.spec?.runtimeClassName ? { runtimeClassName: live.spec.runtimeClassName } : {}),
-        ...(live.spec?.serviceAccountName ? { serviceAccountName: live.spec.serviceAccountName } : {}),
+        // The API server names `default` for a pod that names none: that is no request of the box's.
+        ...(live.spec?.serviceAccountName && live.spec.serviceAccountName !== 'default' ? { serviceAccountName: live.spec.serviceAccountName } : {}),
         createdAt: status.created_at,
         expiresAt: status.expires_at,
         ttlSeconds: Number(live.metadata?.annotations?.[ANNOTATIONS.ttlSeconds] ?? this.deps.policy.current().defaultTtlSeconds),

@@ -3,15 +3,16 @@
 // is snapshotted, its pod deleted and reported Sleeping; a call wakes it with its tree (binary,
 // empty, symlinks, modes) and env intact; two replicas woken at once make one pod; a background
 // process keeps a box awake; a store that is down leaves the box running with an Event saying so;
-// a fork of the sleep snapshot is independent; a bridge killed mid-snapshot never costs the box
-// its pod; the sleep and wake metrics count.
+// a fork of the sleep snapshot is independent; a box of the warm shape wakes into a warm pod; a
+// bridge killed mid-snapshot never costs the box its pod; the sleep and wake metrics count.
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import type { RunningBridge } from '../../bridge/server.js';
 import { ObjectStore, ObjectStoreConfigSchema } from '../../common/object-store.js';
-import { ON_REAL_NODE, api, spawnBridge, startTestBridge, testPolicy } from '../support/bridge.js';
+import { LABELS } from '../../common/labels.js';
+import { ON_REAL_NODE, TEST_BOXD_IMAGE, TEST_BOXD_KEY, api, spawnBridge, startTestBridge, testPolicy } from '../support/bridge.js';
 import { createTestNamespace, deleteTestNamespace, realNodeAvailable, testKubeConfig } from '../support/cluster.js';
-import { Pools, freePort, installCrd } from '../support/operator.js';
+import { Pools, freePort, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
 import { localObjectStore } from '../support/object-store.js';
 
 const kc = testKubeConfig();
@@ -285,4 +286,52 @@ suite('a bridge killed in the middle of a sleep', () => {
       await survivor.close();
     }
   }, 240_000);
+});
+
+suite('a wake into a warm box', () => {
+  const pools = new Pools(kc, uniqueName('wake-warm'));
+  let operator: OperatorProcess;
+  let pool: { name: string; ns: string };
+  let bridge: RunningBridge;
+  let call: ReturnType<typeof api>;
+  const warmReady = async () =>
+    (await core.listNamespacedPod({ namespace: pool.ns, labelSelector: `${LABELS.warm}=${pool.name}` })).items.filter(
+      (p) => !p.metadata?.deletionTimestamp && p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True'),
+    ).length;
+
+  beforeAll(async () => {
+    await installCrd(kc);
+    operator = await startOperator({ leaseName: uniqueName('wake-lease'), shard: pools.shard, env: { BOXD_IMAGE: TEST_BOXD_IMAGE, BOXD_KEY: TEST_BOXD_KEY } });
+    pool = await pools.createReady({
+      maxBoxes: 6,
+      box: { ...ON_REAL_NODE.box, defaultCpu: '100m', defaultMemory: '64Mi' },
+      warm: { count: 1 },
+      idle: { sleepAfterSeconds: 3 },
+    });
+    bridge = await startTestBridge(kc, undefined, { POOL_NAME: pool.name, SANDBOX_NAMESPACE: pool.ns, ...storeEnv });
+    call = api(bridge);
+  }, 120_000);
+
+  afterAll(async () => {
+    await bridge?.close();
+    await operator?.stop();
+    await pools.cleanup();
+  }, 60_000);
+
+  test('a sleeping box of the pool\'s warm shape wakes into a warm pod, its workspace restored', async () => {
+    await until('a warm box', async () => ((await warmReady()) >= 1 ? true : undefined), 120_000);
+    const created = await call('POST', '/boxes', { sessionId: 'wakes-warm' });
+    expect(created.json.pod_name).toMatch(/^box-warm-/);
+    const box = created.json.box_id as string;
+    expect((await call('POST', `/boxes/${box}/exec`, { command: 'echo kept > kept.txt' })).json.exit_code).toBe(0);
+    await until(`box ${box} to sleep`, async () => ((await call('GET', `/boxes/${box}/status`)).json?.status === 'Sleeping' ? true : undefined));
+    await until('the warm pool to refill', async () => ((await warmReady()) >= 1 ? true : undefined), 120_000);
+    const woken = await call('POST', `/boxes/${box}/exec`, { command: 'cat kept.txt' });
+    expect(woken.json).toMatchObject({ exit_code: 0, stdout: 'kept\n' });
+    const status = (await call('GET', `/boxes/${box}/status`)).json;
+    expect(status.pod_name).toMatch(/^box-warm-/);
+    expect(status.pod_name).not.toBe(created.json.pod_name);
+    expect(await metric(bridge, 'sandbox_bridge_box_wakes_total', { path: 'warm', outcome: 'ok' })).toBe(1);
+    expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
+  }, 300_000);
 });
