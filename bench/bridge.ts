@@ -20,14 +20,13 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
 import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient, type BridgeClient } from '../client/index.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
-import { clusterUp, createBenchPool, ensureCluster } from './setup.js';
+import { clusterUp, createBenchPool, ensureCluster, freePort, percentile } from './setup.js';
 import { ANNOTATIONS, BOX_SELECTOR, LABELS, MANAGED_BY, sessionHash } from '../common/labels.js';
 
 const ROOT = process.cwd();
@@ -55,22 +54,7 @@ const custom = kc.makeApiClient(k8s.CustomObjectsApi);
 
 const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
 
-function percentile(values: number[], p: number): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!;
-}
-
 const ms = (v: number) => `${v.toFixed(2)} ms`;
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-  });
-}
 
 /** Current RSS, or with `peak` the kernel's high-water mark of it (VmHWM), in MiB. */
 function rssMiB(pid: number, peak = false): number {

@@ -1,6 +1,10 @@
-// What both benches set up on the local cluster: the SandboxPool CRD (a fresh cluster has none)
-// and one pool over its own restricted namespace.
+// What the benches share: the local cluster (started if need be), the SandboxPool CRD (a fresh
+// cluster has none) and one pool over its own restricted namespace, the local object store's
+// settings, free ports and percentiles.
 import { spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { join } from 'node:path';
 import type * as k8s from '@kubernetes/client-node';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
@@ -42,4 +46,32 @@ export async function createBenchPool(
     plural: POOL_PLURAL,
     body: { apiVersion: POOL_API_VERSION, kind: POOL_KIND, metadata: { name: pool.name, labels: pool.labels }, spec: pool.spec },
   });
+}
+
+/** A TCP port free on loopback right now. */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address() as { port: number };
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/** The nearest-rank percentile p (0-100) of values. */
+export function percentile(values: number[], p: number): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)] ?? NaN;
+}
+
+/** OBJECT_STORE_* settings of the local cluster's store (test/cluster/object-store/), with a key prefix and a fresh seal key. */
+export function objectStoreEnv(root: string, prefix: string): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const line of readFileSync(join(root, '.cluster/object-store/env'), 'utf8').split('\n')) {
+    const at = line.indexOf('=');
+    if (at > 0) env[line.slice(0, at)] = line.slice(at + 1);
+  }
+  return { ...env, OBJECT_STORE_PREFIX: prefix, SNAPSHOT_ENCRYPTION_KEY: randomBytes(32).toString('hex') };
 }

@@ -13,14 +13,13 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient, type BridgeClient } from '../client/index.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
-import { createBenchPool, ensureCluster } from './setup.js';
+import { createBenchPool, ensureCluster, freePort, objectStoreEnv } from './setup.js';
 
 const ROOT = process.cwd();
 const MIB = Number(process.env.BENCH_SNAPSHOT_MIB ?? 100);
@@ -40,23 +39,6 @@ kc.loadFromFile(KUBECONFIG);
 const core = kc.makeApiClient(k8s.CoreV1Api);
 const custom = kc.makeApiClient(k8s.CustomObjectsApi);
 
-function storeEnv(): Record<string, string> {
-  const env: Record<string, string> = {};
-  for (const line of readFileSync(join(ROOT, '.cluster/object-store/env'), 'utf8').split('\n')) {
-    const at = line.indexOf('=');
-    if (at > 0) env[line.slice(0, at)] = line.slice(at + 1);
-  }
-  return { ...env, OBJECT_STORE_PREFIX: `bench-${id}`, SNAPSHOT_ENCRYPTION_KEY: randomBytes(32).toString('hex') };
-}
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const srv = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as { port: number };
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
 function rssMiB(pid: number, peak = false): number {
   const status = readFileSync(`/proc/${pid}/status`, 'utf8');
@@ -78,7 +60,7 @@ async function startBridge(): Promise<{ child: ChildProcess; client: BridgeClien
       METRICS_PORT: String(metricsPort),
       HOST: '127.0.0.1',
       LOG_LEVEL: 'warn',
-      ...storeEnv(),
+      ...objectStoreEnv(ROOT, `bench-${id}`),
     },
     stdio: ['ignore', 'inherit', 'inherit'],
   });

@@ -14,7 +14,6 @@
 // Results go to bench/results/warm-pool.md and .json.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { createServer } from 'node:net';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient, type BridgeClient } from '../client/index.js';
@@ -22,7 +21,7 @@ import { LABELS } from '../common/labels.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { writeResults } from './results-file.js';
-import { ensureCluster, kubectl } from './setup.js';
+import { ensureCluster, freePort, kubectl, percentile } from './setup.js';
 
 const ROOT = process.cwd();
 const WARM = Number(process.env.BENCH_WARM ?? 20);
@@ -49,21 +48,6 @@ const custom = kc.makeApiClient(k8s.CustomObjectsApi);
 const log = (msg: string) => process.stderr.write(`[bench:warm] ${msg}\n`);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as { port: number };
-      srv.close(() => resolve(port));
-    });
-  });
-}
-
-function percentile(values: number[], p: number): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)] ?? NaN;
-}
 const ms = (v: number) => `${v.toFixed(0)} ms`;
 const stats = (v: number[]) => ({ n: v.length, p50: percentile(v, 50), p99: percentile(v, 99), max: Math.max(...v) });
 

@@ -28,7 +28,7 @@ import { BOX_ID, type CreateBoxRequest } from '../schemas.js';
 const MiB = 1024 * 1024;
 /** An Idempotency-Key names the same box for this long (DESIGN.md). */
 const IDEMPOTENCY_WINDOW_MS = 24 * 3600 * 1000;
-/** Deletes this replica sent recently, by pod UID: answered 404 before the watch shows them. */
+/** Deletes this replica sent recently, by pod UID (a sleeping box: its record's UID): answered 404 before the watch shows them. */
 const RECENT_DELETES = 10_000;
 /** Warm pods a create tries before it makes a new one (each lost race costs one API call). */
 const CLAIM_ATTEMPTS = 3;
@@ -271,15 +271,21 @@ export class BoxService {
     const { cache, policy } = this.deps;
     const spec = policy.current();
     const warm = servedWarm(spec, shape);
+    // Served from memory until the watch shows it (it still shows the pod the box slept from).
     if (warm) {
       const claimed = await this.claim(cache.warm(policy.poolName, warmTemplateHash(spec, this.deps.boxdImage)), session, env);
-      if (claimed) return { pod: claimed, path: 'warm' };
+      if (claimed) {
+        this.rememberMade(session.boxId, claimed, true);
+        return { pod: claimed, path: 'warm' };
+      }
       this.deps.onWarmMiss?.();
     }
     const deadline = Date.now() + REVIVE_NAME_WAIT_MS;
     for (;;) {
       try {
-        return { pod: await this.createPod(spec, shape, session, nonce), path: 'cold' };
+        const pod = await this.createPod(spec, shape, session, nonce);
+        this.rememberMade(session.boxId, pod, false);
+        return { pod, path: 'cold' };
       } catch (err) {
         if (!(err instanceof BridgeError && err.type === 'conflict') || Date.now() > deadline) throw explainCreateError(err, this.deps.namespace, spec);
         await new Promise((resolve) => setTimeout(resolve, 250));
@@ -289,11 +295,13 @@ export class BoxService {
 
   /**
    * The pod serving a box: from the cache, or (just made through another replica) from the API
-   * server. A box that is being deleted is gone for every route (404).
+   * server. A box that is being deleted is gone for every route (404). A box woken from sleep
+   * has a new pod while the cache may still show the one it slept from, terminating.
    */
   async get(id: string): Promise<k8s.V1Pod> {
     if (!BOX_ID.test(id)) throw new BridgeError('invalid_request', `"${id}" is not a valid box id`);
-    const pod = this.deps.cache.get(id) ?? this.madeHere(id) ?? (await this.readBoxPod(id));
+    const cached = this.deps.cache.get(id);
+    const pod = cached && !this.isDeleting(cached) ? cached : (this.madeHere(id) ?? (await this.readBoxPod(id)) ?? cached);
     if (!pod || pod.metadata?.labels?.[LABELS.box] !== 'true' || pod.metadata?.labels?.[LABELS.warm] || this.isDeleting(pod)) throw notFound(id);
     return pod;
   }
@@ -307,7 +315,7 @@ export class BoxService {
   /** The record of a box that has no live pod because it sleeps (or is being put to sleep or woken). */
   sleepingRecord(id: string): k8s.V1Secret | undefined {
     const record = this.deps.sleeping?.get(id);
-    if (!record || record.metadata?.deletionTimestamp || !sleptBoxOf(record)) return undefined;
+    if (!record || record.metadata?.deletionTimestamp || this.deleted.has(record.metadata?.uid ?? '') || !sleptBoxOf(record)) return undefined;
     const pod = this.deps.cache.get(id);
     return pod && !pod.metadata?.deletionTimestamp ? undefined : record;
   }
@@ -323,6 +331,7 @@ export class BoxService {
     if (asleep) {
       // No pod to delete: the record goes (its snapshot stays until retention, docs/snapshots.md).
       await this.deps.records.delete(id, asleep.metadata!.uid!);
+      this.remember(asleep.metadata!.uid!);
       return { box_id: id, status: 'Terminated' as const, deleted_at: this.now().toISOString() };
     }
     let pod = await this.get(id);
@@ -423,11 +432,11 @@ export class BoxService {
   /** A box's pod by the API server: named after the box (cold), or carrying its id (claimed). */
   private async readBoxPod(id: string): Promise<k8s.V1Pod | undefined> {
     const named = await this.readPod(id);
-    if (named && !named.metadata?.labels?.[LABELS.warm]) return named;
+    if (named && !named.metadata?.labels?.[LABELS.warm] && !named.metadata?.deletionTimestamp) return named;
     const labelled = await this.deps.call('list box pod', () =>
       this.deps.core.listNamespacedPod({ namespace: this.deps.namespace, labelSelector: `${LABELS.boxId}=${id}` }),
     );
-    return labelled.items.find((p) => !p.metadata?.deletionTimestamp) ?? labelled.items[0];
+    return labelled.items.find((p) => !p.metadata?.deletionTimestamp) ?? named ?? labelled.items[0];
   }
 
   private async deleteQuietly(pod: k8s.V1Pod, gracePeriodSeconds?: number, unchanged = false): Promise<void> {

@@ -156,8 +156,10 @@ suite('idle sleep and wake on the real node with the real store', () => {
     expect((await call('POST', `/boxes/${box}/processes/${procs[0]!.process_id}/signal`, { signal: 'KILL' })).status).toBe(200);
     await sleeping(box);
     expect((await callB('DELETE', `/boxes/${box}`)).json).toMatchObject({ box_id: box, status: 'Terminated' });
+    // Gone at once for the replica that deleted it; for the other, once its watch shows it.
+    expect((await callB('GET', `/boxes/${box}/status`)).status).toBe(404);
     await until('the record to go', async () => ((await core.readNamespacedSecret({ name: box, namespace }).catch(() => undefined)) ? undefined : true));
-    expect((await call('GET', `/boxes/${box}/status`)).status).toBe(404);
+    await until('the other replica to answer 404', async () => ((await call('GET', `/boxes/${box}/status`)).status === 404 ? true : undefined), 10_000);
   }, 240_000);
 
   test('a command still running when the idle time is up keeps its box awake', async () => {
