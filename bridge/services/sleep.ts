@@ -142,8 +142,9 @@ export class SleepService implements SleepHooks {
 
   async ensureAwake(boxId: string, signal?: AbortSignal, recheck = false): Promise<void> {
     // The common case: no record in a sleep state. A recheck (the box's pod went as the call
-    // came in) reads the record itself: this replica's watch may not show the sleep yet.
-    if (!recheck && !this.deps.sleeping.get(boxId)) return;
+    // came in) reads the record itself, while idle sleep is on: this replica's watch may not
+    // show the sleep yet.
+    if (!this.deps.sleeping.get(boxId) && !(recheck && this.sleepAfterMs() > 0)) return;
     let wait = this.waits.get(boxId);
     if (!wait) {
       wait = this.awaken(boxId).finally(() => this.waits.delete(boxId));
