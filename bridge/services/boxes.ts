@@ -32,7 +32,7 @@ const IDEMPOTENCY_WINDOW_MS = 24 * 3600 * 1000;
 const RECENT_DELETES = 10_000;
 /** Warm pods a create tries before it makes a new one (each lost race costs one API call). */
 const CLAIM_ATTEMPTS = 3;
-/** Creates retried while a warm pod given up for the quota is counted out (150 ms doubling: ~9.5 s). */
+/** Creates retried while the quota controller counts out pods that are gone (150 ms doubling: ~9.5 s). */
 const QUOTA_RETRIES = 6;
 /** A claimed pod's agent must answer within this, or the claim is undone. */
 const CLAIM_CHECK_MS = 2000;
@@ -224,8 +224,11 @@ export class BoxService {
   }
 
   /**
-   * A new pod for the box. A pool whose quota is held by warm pods gives one of them up: the
-   * create is retried while the quota controller counts that pod out (usually well under a second).
+   * A new pod for the box. The box holds a seat, so the pool has room for it: a ResourceQuota
+   * that refuses the pod anyway still counts pods that are not boxes. Unclaimed warm pods: one is
+   * given up. Pods deleted a moment ago (a warm pod the operator shrank away, a box just deleted):
+   * the quota controller counts them out asynchronously, seconds later under load. The create is
+   * retried meanwhile (150 ms doubling, ~9.5 s), then answers 429.
    */
   private async createPod(spec: SandboxPoolSpec, shape: BoxShape, session: SessionBox, nonce: string): Promise<k8s.V1Pod> {
     const body = buildSessionBoxPod(
@@ -246,7 +249,6 @@ export class BoxService {
         const seen = (p: k8s.V1Pod) => `${p.metadata!.uid}@${p.metadata!.resourceVersion}`;
         const spares = this.deps.cache.spares(this.deps.policy.poolName, warmTemplateHash(spec, this.deps.boxdImage));
         const spare = spares.find((p) => !evicted.has(seen(p)));
-        if (!spare && evicted.size === 0) throw err;
         if (spare) {
           evicted.add(seen(spare));
           await this.deleteQuietly(spare, 0, true);
