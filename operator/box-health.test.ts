@@ -33,6 +33,12 @@ test('containers stopped by deletion or eviction have not crashed; exit 0 is no 
   expect(evicted).toEqual([{ reason: 'evicted', key: 'evicted', message: 'evicted by its node: Usage of EmptyDir volume "tmp" exceeds the limit "64Mi".' }]);
 });
 
+test('a container the kubelet lost track of (ContainerStatusUnknown) has not crashed', () => {
+  const lost = terminated({ exitCode: 137, reason: 'ContainerStatusUnknown', message: 'The container could not be located when the pod was deleted.' });
+  expect(failuresOf(pod({ containerStatuses: [container({ restartCount: 1, lastState: lost })] }))).toEqual([]);
+  expect(failuresOf(pod({ containerStatuses: [container({ state: lost })] }))).toEqual([]);
+});
+
 test('evictions through the API, preemption and taints, from the DisruptionTarget condition', () => {
   const byApi = failuresOf(pod({ conditions: [{ type: 'DisruptionTarget', status: 'True', reason: 'EvictionByEvictionAPI', message: 'Eviction API: evicting' }] }, { deletionTimestamp: new Date() }));
   expect(byApi).toEqual([{ reason: 'evicted', key: 'evicted', message: 'evicted (EvictionByEvictionAPI): Eviction API: evicting' }]);

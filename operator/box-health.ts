@@ -49,8 +49,10 @@ export function failuresOf(pod: k8s.V1Pod): BoxFailure[] {
           container: c.name,
           message: `container ${c.name} was OOMKilled: it used more than its memory limit (exit code ${t.exitCode})`,
         });
-      } else if (t.exitCode !== 0 && !(current && (deleting || evicted))) {
-        // A container stopped because its pod is being deleted or evicted has not crashed.
+      } else if (t.exitCode !== 0 && !(current && (deleting || evicted)) && t.reason !== 'ContainerStatusUnknown') {
+        // A container stopped because its pod is being deleted or evicted has not crashed; nor
+        // has one the kubelet lost track of (it reports exit 137, ContainerStatusUnknown, e.g.
+        // for a container gone when its evicted pod was deleted).
         failures.push({
           reason: 'crashed',
           key: `crashed/${c.name}/${instance}`,
