@@ -26,7 +26,7 @@ import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient, type BridgeClient } from '../client/index.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
-import { clusterUp, createBenchPool, ensureCluster, freePort, percentile } from './setup.js';
+import { BOXD_IMAGE, ON_REAL_NODE, REAL_NODE_LABEL, clusterUp, createBenchPool, ensureCluster, freePort, percentile } from './setup.js';
 import { ANNOTATIONS, BOX_SELECTOR, LABELS, MANAGED_BY, sessionHash } from '../common/labels.js';
 
 const ROOT = process.cwd();
@@ -39,7 +39,6 @@ const LOAD_SECONDS = Number(process.env.BENCH_LOAD_SECONDS ?? 60);
 const LOAD_CONCURRENCY = 5;
 const SKIP_READS = process.env.BENCH_SKIP_READS === '1';
 const KUBECONFIG = process.env.KUBECONFIG ?? join(ROOT, '.cluster/kubeconfig');
-const REAL_NODE_LABEL = 'sandbox-bridge.io/real-node';
 const id = randomBytes(3).toString('hex');
 const ns = `bench-bridge-${id}`;
 const pool = `bench-bridge-${id}`;
@@ -106,7 +105,7 @@ async function startBridgeProcess(onSpawn?: (child: ChildProcess) => void): Prom
       KUBECONFIG,
       BRIDGE_TOKEN: token,
       BOXD_KEY: boxdKey,
-      BOXD_IMAGE: 'sandbox-bridge.local/boxd:dev',
+      BOXD_IMAGE,
       POOL_NAME: pool,
       SANDBOX_NAMESPACE: ns,
       PORT: String(port),
@@ -356,8 +355,7 @@ async function main() {
         box: onRealNode
           ? {
               defaultImage: 'sandbox-bridge.local/box:dev',
-              nodeSelector: { [REAL_NODE_LABEL]: 'true' },
-              tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }],
+              ...ON_REAL_NODE,
             }
           : { defaultImage: 'sandbox-bridge.local/box:dev', nodeSelector: { type: 'kwok' } },
       },

@@ -1,12 +1,14 @@
 // What the benches share: the local cluster (started if need be), the SandboxPool CRD (a fresh
 // cluster has none) and one pool over its own restricted namespace, the local object store's
 // settings, free ports and percentiles.
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import type * as k8s from '@kubernetes/client-node';
+import { LABELS } from '../common/labels.js';
+import { NODE_FLAGS } from '../common/node-flags.js';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 
 /** kubectl from the local cluster's binaries; throws with its stderr on failure. */
@@ -74,4 +76,37 @@ export function objectStoreEnv(root: string, prefix: string): Record<string, str
     if (at > 0) env[line.slice(0, at)] = line.slice(at + 1);
   }
   return { ...env, OBJECT_STORE_PREFIX: prefix, SNAPSHOT_ENCRYPTION_KEY: randomBytes(32).toString('hex') };
+}
+
+/** The boxd image the local cluster builds and imports (test/cluster/real-node/images.sh). */
+export const BOXD_IMAGE = 'sandbox-bridge.local/boxd:dev';
+export const REAL_NODE_LABEL = 'sandbox-bridge.io/real-node';
+/** A pool's box placement on the local cluster's real node (where boxd runs). */
+export const ON_REAL_NODE = {
+  nodeSelector: { [REAL_NODE_LABEL]: 'true' },
+  tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }],
+};
+
+/** Polls check until it holds (a failed check counts as not yet); throws after timeoutMs. */
+export async function waitUntil(what: string, check: () => Promise<boolean>, timeoutMs = 180_000, everyMs = 250): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (await check().catch(() => false)) return;
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+
+/** One of the programs (dist/bridge/main.js, dist/operator/main.js) as its own process, its output on ours. */
+export function startProgram(root: string, kubeconfig: string, script: string, env: Record<string, string>): ChildProcess {
+  return spawn(process.execPath, [...NODE_FLAGS, join(root, script)], {
+    env: { PATH: process.env.PATH, KUBECONFIG: kubeconfig, LOG_LEVEL: 'warn', ...env },
+    stdio: ['ignore', 'inherit', 'inherit'],
+  });
+}
+
+/** Warm pods of a pool that are ready (Ready, not being deleted). */
+export async function warmReady(core: k8s.CoreV1Api, namespace: string, pool: string): Promise<number> {
+  const pods = await core.listNamespacedPod({ namespace, labelSelector: `${LABELS.warm}=${pool}` });
+  return pods.items.filter((p) => !p.metadata?.deletionTimestamp && p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True')).length;
 }

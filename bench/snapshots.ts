@@ -19,13 +19,12 @@ import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient, type BridgeClient } from '../client/index.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
-import { createBenchPool, ensureCluster, freePort, objectStoreEnv } from './setup.js';
+import { BOXD_IMAGE, ON_REAL_NODE, REAL_NODE_LABEL, createBenchPool, ensureCluster, freePort, objectStoreEnv } from './setup.js';
 
 const ROOT = process.cwd();
 const MIB = Number(process.env.BENCH_SNAPSHOT_MIB ?? 100);
 const ROUNDS = Number(process.env.BENCH_SNAPSHOT_ROUNDS ?? 3);
 const KUBECONFIG = process.env.KUBECONFIG ?? join(ROOT, '.cluster/kubeconfig');
-const REAL_NODE_LABEL = 'sandbox-bridge.io/real-node';
 const id = randomBytes(3).toString('hex');
 const ns = `bench-snap-${id}`;
 const pool = `bench-snap-${id}`;
@@ -53,7 +52,7 @@ async function startBridge(): Promise<{ child: ChildProcess; client: BridgeClien
       KUBECONFIG,
       BRIDGE_TOKEN: token,
       BOXD_KEY: randomBytes(32).toString('hex'),
-      BOXD_IMAGE: 'sandbox-bridge.local/boxd:dev',
+      BOXD_IMAGE,
       POOL_NAME: pool,
       SANDBOX_NAMESPACE: ns,
       PORT: String(port),
@@ -88,8 +87,7 @@ async function main() {
         box: {
           defaultImage: 'sandbox-bridge.local/box:dev',
           workspaceSizeLimit: `${Math.max(1024, MIB * 4)}Mi`,
-          nodeSelector: { [REAL_NODE_LABEL]: 'true' },
-          tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }],
+          ...ON_REAL_NODE,
         },
       },
     },

@@ -11,17 +11,15 @@
 // pod, the workspace restored, then the command). The data is checked after each wake (not
 // timed). With the warm pool on, each wake starts once the pool is refilled, so it measures the
 // wake path and not a refill racing it on 2 cores. Results: bench/results/wake.md and .json.
-import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient, type BridgeClient } from '../client/index.js';
 import { LABELS } from '../common/labels.js';
-import { NODE_FLAGS } from '../common/node-flags.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { writeResults } from './results-file.js';
-import { createBenchPool, ensureCluster, freePort, objectStoreEnv, percentile } from './setup.js';
+import { BOXD_IMAGE, ON_REAL_NODE, REAL_NODE_LABEL, createBenchPool, ensureCluster, freePort, objectStoreEnv, percentile, startProgram, waitUntil, warmReady } from './setup.js';
 
 const ROOT = process.cwd();
 const SIZES = (process.env.BENCH_WAKE_MIB ?? '10,100').split(',').map(Number);
@@ -29,8 +27,6 @@ const ROUNDS = Number(process.env.BENCH_WAKE_ROUNDS ?? 5);
 const WARM = Number(process.env.BENCH_WAKE_WARM ?? 2);
 const SLEEP_AFTER_SECONDS = 2;
 const KUBECONFIG = process.env.KUBECONFIG ?? join(ROOT, '.cluster/kubeconfig');
-const REAL_NODE_LABEL = 'sandbox-bridge.io/real-node';
-const BOXD_IMAGE = 'sandbox-bridge.local/boxd:dev';
 const id = randomBytes(3).toString('hex');
 const pool = `bench-wake-${id}`;
 const ns = `${pool}-boxes`;
@@ -43,34 +39,17 @@ kc.loadFromFile(KUBECONFIG);
 const core = kc.makeApiClient(k8s.CoreV1Api);
 const custom = kc.makeApiClient(k8s.CustomObjectsApi);
 const log = (msg: string) => process.stderr.write(`[bench:wake] ${msg}\n`);
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-function start(script: string, env: Record<string, string>): ChildProcess {
-  return spawn(process.execPath, [...NODE_FLAGS, join(ROOT, script)], {
-    env: { PATH: process.env.PATH, KUBECONFIG, LOG_LEVEL: 'warn', BOXD_IMAGE, BOXD_KEY: boxdKey, ...env },
-    stdio: ['ignore', 'inherit', 'inherit'],
-  });
-}
-
-async function waitUntil(what: string, check: () => Promise<boolean>, timeoutMs = 180_000, everyMs = 250): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    if (await check().catch(() => false)) return;
-    await sleep(everyMs);
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
-
+const start = (script: string, env: Record<string, string>) => startProgram(ROOT, KUBECONFIG, script, { BOXD_IMAGE, BOXD_KEY: boxdKey, ...env });
 const warmPods = async () =>
   (await core.listNamespacedPod({ namespace: ns, labelSelector: `${LABELS.warm}=${pool}` })).items.filter((p) => !p.metadata?.deletionTimestamp);
-const warmReady = async () => (await warmPods()).filter((p) => p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True')).length;
 
 async function setWarm(count: number): Promise<void> {
   await custom.patchClusterCustomObject(
     { group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: pool, body: { spec: { warm: { count } } } },
     k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
   );
-  await waitUntil(`${count} warm boxes`, async () => (count ? (await warmReady()) >= count : (await warmPods()).length === 0), 300_000);
+  await waitUntil(`${count} warm boxes`, async () => (count ? (await warmReady(core, ns, pool)) >= count : (await warmPods()).length === 0), 300_000);
 }
 
 interface Wake {
@@ -86,7 +65,7 @@ async function oneWake(client: BridgeClient, mib: number, warmPool: boolean, rou
   if (made.exit_code !== 0) throw new Error(`writing the workspace: exit ${made.exit_code} ${made.stderr}`);
   // Status reads do not count as activity, so polling does not keep the box awake.
   await waitUntil(`box ${box.box_id} to sleep`, async () => (await client.status(box.box_id)).status === 'Sleeping', 120_000, 100);
-  if (warmPool) await waitUntil(`${WARM} warm boxes`, async () => (await warmReady()) >= WARM, 300_000);
+  if (warmPool) await waitUntil(`${WARM} warm boxes`, async () => (await warmReady(core, ns, pool)) >= WARM, 300_000);
   const t0 = performance.now();
   const answered = await client.exec(box.box_id, { command: 'true' });
   const ms = performance.now() - t0;
@@ -117,8 +96,7 @@ async function main() {
           defaultCpu: '250m',
           defaultMemory: '256Mi',
           workspaceSizeLimit: `${Math.max(1024, Math.max(...SIZES) * 4)}Mi`,
-          nodeSelector: { [REAL_NODE_LABEL]: 'true' },
-          tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }],
+          ...ON_REAL_NODE,
         },
         idle: { sleepAfterSeconds: SLEEP_AFTER_SECONDS },
         warm: { count: 0 },

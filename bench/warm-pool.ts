@@ -12,16 +12,14 @@
 //    warm and cold; every request's latency.
 // 3. Claims per second: the bursts' creates alone, over their wall time; errors counted.
 // Results go to bench/results/warm-pool.md and .json.
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient, type BridgeClient } from '../client/index.js';
-import { LABELS } from '../common/labels.js';
-import { NODE_FLAGS } from '../common/node-flags.js';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { writeResults } from './results-file.js';
-import { ensureCluster, freePort, kubectl, percentile } from './setup.js';
+import { BOXD_IMAGE, ON_REAL_NODE, REAL_NODE_LABEL, ensureCluster, freePort, kubectl, percentile, startProgram, waitUntil, warmReady as warmReadyIn } from './setup.js';
 
 const ROOT = process.cwd();
 const WARM = Number(process.env.BENCH_WARM ?? 20);
@@ -30,8 +28,6 @@ const COLD_SERIAL = Number(process.env.BENCH_COLD_SERIAL ?? 10);
 const WARM_BURSTS = Number(process.env.BENCH_WARM_BURSTS ?? 3);
 const COLD_BURSTS = Number(process.env.BENCH_COLD_BURSTS ?? 1);
 const KUBECONFIG = process.env.KUBECONFIG ?? join(ROOT, '.cluster/kubeconfig');
-const REAL_NODE_LABEL = 'sandbox-bridge.io/real-node';
-const BOXD_IMAGE = 'sandbox-bridge.local/boxd:dev';
 const id = randomBytes(3).toString('hex');
 const pool = `bench-warm-${id}`;
 const ns = `${pool}-boxes`;
@@ -46,26 +42,11 @@ kc.loadFromFile(KUBECONFIG);
 const core = kc.makeApiClient(k8s.CoreV1Api);
 const custom = kc.makeApiClient(k8s.CustomObjectsApi);
 const log = (msg: string) => process.stderr.write(`[bench:warm] ${msg}\n`);
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 const ms = (v: number) => `${v.toFixed(0)} ms`;
 const stats = (v: number[]) => ({ n: v.length, p50: percentile(v, 50), p99: percentile(v, 99), max: Math.max(...v) });
 
-async function waitUntil(what: string, check: () => Promise<boolean>, timeoutMs = 180_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    if (await check().catch(() => false)) return;
-    await sleep(250);
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
-
-function start(script: string, env: Record<string, string>): ChildProcess {
-  return spawn(process.execPath, [...NODE_FLAGS, join(ROOT, script)], {
-    env: { PATH: process.env.PATH, KUBECONFIG, LOG_LEVEL: 'warn', ...env },
-    stdio: ['ignore', 'inherit', 'inherit'],
-  });
-}
+const start = (script: string, env: Record<string, string>) => startProgram(ROOT, KUBECONFIG, script, env);
 
 async function startBridge(): Promise<{ child: ChildProcess; client: BridgeClient }> {
   const port = await freePort();
@@ -86,10 +67,7 @@ async function startBridge(): Promise<{ child: ChildProcess; client: BridgeClien
   return { child, client: createBridgeClient({ url, token, retries: 0 }) };
 }
 
-const warmReady = async () =>
-  (await core.listNamespacedPod({ namespace: ns, labelSelector: `${LABELS.warm}=${pool}` })).items.filter(
-    (p) => !p.metadata?.deletionTimestamp && p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True'),
-  ).length;
+const warmReady = () => warmReadyIn(core, ns, pool);
 
 /**
  * When this process first saw each pod scheduled, with an IP (sandbox and network up, as the
@@ -170,8 +148,7 @@ async function main() {
             // 13 s to start, 300 ms for `true`); 50m is the least that does not.
             defaultCpu: '50m',
             defaultMemory: `${WARM_MEMORY}Mi`,
-            nodeSelector: { [REAL_NODE_LABEL]: 'true' },
-            tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }],
+            ...ON_REAL_NODE,
           },
           warm: { count: WARM },
         },

@@ -65,8 +65,13 @@ export function boxStatus(pod: V1Pod, now = new Date()) {
 
 export function sandboxSummary(pod: V1Pod, now = new Date()) {
   const s = boxStatus(pod, now);
+  return summaryOf(s, s.pod_name);
+}
+
+/** A box's line in GET /sandboxes: part of its status, named by its pod (a sleeping box: its id). */
+function summaryOf(s: ReturnType<typeof boxStatus> | ReturnType<typeof sleepingStatus>, name: string) {
   return {
-    name: s.pod_name,
+    name,
     box_id: s.box_id,
     namespace: s.namespace,
     status: s.status,
@@ -136,17 +141,5 @@ export function sleepingStatus(record: V1Secret, now = new Date()) {
 
 export function sleepingSummary(record: V1Secret, now = new Date()) {
   const s = sleepingStatus(record, now);
-  return {
-    name: s.box_id,
-    box_id: s.box_id,
-    namespace: s.namespace,
-    status: s.status,
-    node: '',
-    image: s.image,
-    created_at: s.created_at,
-    age_seconds: s.age_seconds,
-    session_id: s.session_id,
-    cpu: s.cpu,
-    memory: s.memory,
-  };
+  return summaryOf(s, s.box_id);
 }
