@@ -11,7 +11,7 @@ import { createLogger } from '../common/logger.js';
 import { DEFAULT_BOX_IMAGE, withDefaults } from '../common/pool.js';
 import { createProbeServer, listen } from '../common/probe-server.js';
 import { createApp } from './app.js';
-import { BoxdClient } from './boxd/client.js';
+import { BoxdClient } from '../common/boxd-client.js';
 import { boxdKey, snapshotKeys, trustProxySetting, type Config } from './config.js';
 import { KeyedLimiter } from '../common/rate-limit.js';
 import { admitUpgrade } from './http/auth.js';

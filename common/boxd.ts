@@ -1,6 +1,6 @@
 // boxd, the in-box agent: what bridge and operator both need to know about it (where it
 // listens, where the box pod gets it from, and the per-box credential). The wire protocol
-// itself is known only to bridge/boxd/ (contract: boxd/PROTOCOL.md).
+// itself is spoken only by common/boxd-client.ts and bridge/boxd/frames.ts (contract: boxd/PROTOCOL.md).
 import { createHmac, randomBytes } from 'node:crypto';
 
 /** The one port boxd listens on in every box. The box NetworkPolicy admits only bridge pods to it. */

@@ -4,7 +4,7 @@
 import type * as k8s from '@kubernetes/client-node';
 import { BOXD_NONCE_ANNOTATION, BOXD_VERSION_ANNOTATION, boxdToken } from '../../common/boxd.js';
 import { BridgeError } from '../../common/errors.js';
-import { BoxdUnreachableError, type BoxdClient, type BoxdTarget } from '../boxd/client.js';
+import { BoxdUnreachableError, type BoxdClient, type BoxdTarget } from '../../common/boxd-client.js';
 import { BoxGoneError, BoxStartTimeoutError, type BoxReader } from '../kube/box-cache.js';
 import type { BoxService } from './boxes.js';
 

@@ -16,7 +16,7 @@ import { LABELS, boxName, sessionHash } from '../../common/labels.js';
 import type { SandboxPoolSpec } from '../../common/pool.js';
 import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js';
 import { boxIdOf, boxStatus, sleepingStatus, sleptBoxOf } from '../box-pod.js';
-import type { BoxdClient } from '../boxd/client.js';
+import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxReader } from '../kube/box-cache.js';
 import type { BoxRecords } from '../kube/box-records.js';
 import type { SleepingReader } from '../kube/sleeping-records.js';

@@ -2,7 +2,7 @@
 // replica, with no API call); the durable copy is the box's record Secret, which a cold box's
 // boxd loads at start (a claimed warm box gets it pushed at the claim).
 // The record is written first, so a value boxd has was always stored.
-import type { BoxdClient } from '../boxd/client.js';
+import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxRecords } from '../kube/box-records.js';
 import { boxIdOf } from '../box-pod.js';
 import type { BoxConnector } from './box-connector.js';

@@ -3,7 +3,7 @@
 // output cap and the per-box concurrency cap, so all of them hold across every replica.
 import type { IncomingMessage } from 'node:http';
 import { BridgeError, ERROR_STATUS, type ErrorType } from '../../common/errors.js';
-import type { BoxdClient, BoxdExit } from '../boxd/client.js';
+import type { BoxdClient, BoxdExit } from '../../common/boxd-client.js';
 import { FRAME, frameJson, readFrames } from '../boxd/frames.js';
 import type { ExecRequest } from '../schemas.js';
 import type { BoxConnector } from './box-connector.js';

@@ -3,7 +3,7 @@
 // content whole and so takes it from a per-replica memory budget first.
 import { Transform, type Readable, type TransformCallback } from 'node:stream';
 import { BridgeError } from '../../common/errors.js';
-import { readAll, type BoxdClient } from '../boxd/client.js';
+import { readAll, type BoxdClient } from '../../common/boxd-client.js';
 import type { BoxConnector } from './box-connector.js';
 import { resolvePath } from './box-paths.js';
 import type { ByteBudget } from './byte-budget.js';

@@ -1,7 +1,7 @@
 // Background processes in a box, through boxd: they live in boxd, so every replica sees the same
 // list, status and output (replayed from any offset, then followed).
 import { BridgeError } from '../../common/errors.js';
-import type { BoxdClient, BoxdExit, BoxdProcess } from '../boxd/client.js';
+import type { BoxdClient, BoxdExit, BoxdProcess } from '../../common/boxd-client.js';
 import { FRAME, frameJson, readFrames } from '../boxd/frames.js';
 import type { ProcessOutputQuery, StartProcessRequest } from '../schemas.js';
 import type { BoxConnector } from './box-connector.js';

@@ -22,7 +22,7 @@ import { BridgeError } from '../../common/errors.js';
 import { ANNOTATIONS, LABELS } from '../../common/labels.js';
 import { parseQuantity } from '../../common/quantity.js';
 import { boxIdOf, boxStatus, sleptBoxOf, type SleptBox } from '../box-pod.js';
-import type { BoxdClient } from '../boxd/client.js';
+import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxReader } from '../kube/box-cache.js';
 import { envOf, recordOf, type BoxRecords } from '../kube/box-records.js';
 import type { KubeCall } from '../kube/instrument.js';

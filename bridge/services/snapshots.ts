@@ -20,7 +20,7 @@ import {
   type SnapshotMetadata,
 } from '../../common/snapshots.js';
 import { WORKSPACE, boxStatus } from '../box-pod.js';
-import type { BoxdClient } from '../boxd/client.js';
+import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxRecords } from '../kube/box-records.js';
 import type { PolicySource } from '../kube/policy.js';
 import type { CreateBoxRequest } from '../schemas.js';

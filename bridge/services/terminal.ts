@@ -1,7 +1,7 @@
 // Interactive terminals in a box: boxd runs a shell on a PTY and hands back a connection
 // carrying frames both ways; the HTTP layer bridges it to the caller's WebSocket.
 import type { Duplex } from 'node:stream';
-import type { BoxdClient } from '../boxd/client.js';
+import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxConnector } from './box-connector.js';
 
 export class TerminalService {

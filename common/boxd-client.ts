@@ -3,8 +3,8 @@
 // never see a boxd URL. Plain HTTP/1.1 with keep-alive connections per box.
 import http from 'node:http';
 import type { Duplex, Readable } from 'node:stream';
-import { BOXD_PORT } from '../../common/boxd.js';
-import { BridgeError, ERROR_STATUS, type ErrorType } from '../../common/errors.js';
+import { BOXD_PORT } from './boxd.js';
+import { BridgeError, ERROR_STATUS, type ErrorType } from './errors.js';
 
 /** Where a box's boxd listens and the credential it accepts. */
 export interface BoxdTarget {
