@@ -23,6 +23,22 @@ export class BoxdUnreachableError extends Error {
   }
 }
 
+/**
+ * boxd refused a mutating call because a sleep holds the box's fence (PROTOCOL.md "Fence"):
+ * nothing of the call ran. The caller aborts the sleep or waits for it (bridge/services/box-targets.ts).
+ */
+export class BoxdFencedError extends BridgeError {
+  constructor(
+    readonly box: string,
+    readonly epoch: number,
+  ) {
+    super('conflict', `box ${box} is being put to sleep (fence ${epoch})`, { headers: { 'Retry-After': '1' } });
+  }
+}
+
+/** The header a fenced refusal carries: the epoch of the fence that refused it. */
+const FENCE_HEADER = 'x-boxd-fence';
+
 export interface BoxdExecRequest {
   command: string;
   cwd: string;
@@ -126,6 +142,20 @@ export class BoxdClient {
   /** How many calls boxd is serving now (idle sleep leaves a box with any at work awake). */
   activity(t: BoxdTarget, signal?: AbortSignal): Promise<{ calls: number }> {
     return this.json(t, 'GET', '/v1/activity', { signal });
+  }
+
+  /**
+   * Fences the box for a sleep: from now on boxd refuses mutating calls (BoxdFencedError) and
+   * holds its background processes stopped, until unfence with an epoch at least this one.
+   * Answers how many calls were at work when the fence went up (a sleep gives up when any were).
+   */
+  fence(t: BoxdTarget, epoch: number, signal?: AbortSignal): Promise<{ epoch: number; calls: number }> {
+    return this.json(t, 'POST', '/v1/fence', { json: { epoch }, signal });
+  }
+
+  /** Lifts the fence of this epoch (or an older one); lifted is false when no fence was up. */
+  unfence(t: BoxdTarget, epoch: number, signal?: AbortSignal): Promise<{ lifted: boolean }> {
+    return this.json(t, 'DELETE', '/v1/fence', { query: { epoch }, signal });
   }
 
   listProcesses(t: BoxdTarget, signal?: AbortSignal): Promise<{ processes: BoxdProcess[] }> {
@@ -293,6 +323,11 @@ function queryString(query: Query | undefined): string {
 /** boxd's JSON error body as the API's error (its types are the API's). */
 async function errorOf(res: http.IncomingMessage, box: string): Promise<BridgeError> {
   const status = res.statusCode ?? 500;
+  const fence = Number(res.headers[FENCE_HEADER]);
+  if (status === 409 && Number.isInteger(fence) && fence > 0) {
+    res.resume();
+    return new BoxdFencedError(box, fence);
+  }
   let type: ErrorType = status === 401 ? 'internal_error' : status >= 500 ? 'internal_error' : 'invalid_request';
   let message = `boxd answered ${status}`;
   try {
