@@ -222,6 +222,29 @@ func (m *Manager) Shutdown() {
 	}
 }
 
+// Freeze stops (true) or continues (false) every process in the box while idle sleep takes its
+// snapshot, so nothing changes the workspace under it: as PID 1 everything in the container
+// (kill(-1) spares PID 1 itself), otherwise every process group boxd started.
+func (m *Manager) Freeze(stop bool) {
+	sig := syscall.SIGCONT
+	if stop {
+		sig = syscall.SIGSTOP
+	}
+	if os.Getpid() == 1 {
+		_ = syscall.Kill(-1, sig)
+		return
+	}
+	m.mu.Lock()
+	children := make([]*Child, 0, len(m.children))
+	for c := range m.children {
+		children = append(children, c)
+	}
+	m.mu.Unlock()
+	for _, c := range children {
+		_ = c.SignalGroup(sig)
+	}
+}
+
 // ExitFields are the exit code (128+n when killed by signal n) and the signal name.
 func ExitFields(ws syscall.WaitStatus) (code int, signal string) {
 	if ws.Signaled() {

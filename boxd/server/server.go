@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"sandbox-bridge.io/boxd/auth"
@@ -43,17 +42,22 @@ const (
 
 type server struct {
 	Config
-	// calls is how many requests are being served (health and activity not counted): idle
-	// sleep must not take a box while a command, stream or terminal is still at work in it.
-	calls atomic.Int64
+	// gate counts the calls at work (idle sleep must not take a box while a command, stream or
+	// terminal is still at work in it) and holds a sleep's write fence (fence.go).
+	gate gate
 }
 
 // New returns boxd's handler.
 func New(cfg Config) http.Handler {
 	s := &server{Config: cfg}
+	if cfg.Procs != nil {
+		s.gate.freeze = cfg.Procs.Freeze
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/health", s.health)
 	mux.HandleFunc("GET /v1/activity", s.activity)
+	mux.HandleFunc("POST /v1/fence", s.raiseFence)
+	mux.HandleFunc("DELETE /v1/fence", s.liftFence)
 	mux.HandleFunc("POST /v1/exec", s.exec)
 	mux.HandleFunc("POST /v1/env", s.setEnv)
 	mux.HandleFunc("POST /v1/processes", s.startProcess)
@@ -72,24 +76,7 @@ func New(cfg Config) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.NotFound("no route %s %s", r.Method, r.URL.Path))
 	})
-	return s.logged(s.authenticated(s.counted(mux)))
-}
-
-func (s *server) activity(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]int64{"calls": s.calls.Load()})
-}
-
-// counted keeps calls up to date while a request is served.
-func (s *server) counted(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/health" || r.URL.Path == "/v1/activity" {
-			next.ServeHTTP(w, r)
-			return
-		}
-		s.calls.Add(1)
-		defer s.calls.Add(-1)
-		next.ServeHTTP(w, r)
-	})
+	return s.logged(s.authenticated(s.admitted(mux)))
 }
 
 func (s *server) health(w http.ResponseWriter, _ *http.Request) {
