@@ -1,6 +1,6 @@
 import { createHmac } from 'node:crypto';
 import { pino } from 'pino';
-import { DELIVERY_HEADER, SIGNATURE_HEADER, WebhookNotifier, redactUrl, sign, type FailureNotice, type WebhookEndpoint } from './webhooks.js';
+import { DELIVERY_HEADER, MAX_MESSAGE_CHARS, SIGNATURE_HEADER, WebhookNotifier, redactUrl, sign, slackMessage, type FailureNotice, type WebhookEndpoint } from './webhooks.js';
 
 const log = pino({ level: 'silent' });
 const notice = (box: string, reason: FailureNotice['reason'] = 'crashed'): FailureNotice => ({
@@ -112,4 +112,58 @@ test('event filter per endpoint; a Slack-compatible {text}', async () => {
 test('signatures and redacted URLs', () => {
   expect(sign('k', 1700000000, '{}')).toBe(`t=1700000000,v1=${createHmac('sha256', 'k').update('1700000000.{}').digest('hex')}`);
   expect(redactUrl('https://hooks.slack.com/services/T0/B0/XXXX')).toBe('https://hooks.slack.com/…');
+});
+
+// What a box writes into its termination message (up to 4 KiB) reaches the message verbatim.
+const hostile = [
+  '<!channel> <!here|here> <!everyone> <@U024BE7LH> <!subteam^SAZ94GDB8> <#C024BE7LR>',
+  '<http://evil.example/login|Re-authenticate here> <mailto:x@evil.example|mail>',
+  '@channel @here @everyone @admin #general',
+  'https://evil.example/a www.evil.example evil.example ops@evil.example &amp; &lt;',
+  '\n• BoxOOMKilled: a line the box made up\r\n> a quote',
+].join(' ');
+
+test('Slack text: what a box wrote forms no mention, link or line of its own', async () => {
+  const r = recorder();
+  const n = notifier([{ url: 'https://hooks.slack.example/services/T/B/secret', format: 'slack' }], r.fetch);
+  n.notify({ ...notice('b1'), message: `container box exited with code 1: ${hostile}` });
+  await until(() => r.seen.length === 1);
+  const { text } = JSON.parse(r.seen[0]!.body) as { text: string };
+  const [head, ...lines] = text.split('\n');
+  expect(head).toBe(':rotating_light: Box b1 in pool p1 (namespace boxes):');
+  expect(lines).toHaveLength(1); // the box's newlines made no line
+  // Slack's control characters only as entities: no <!channel>, <@user>, <url|text>.
+  expect(text).not.toMatch(/[<>]/);
+  expect(text).not.toMatch(/&(?!amp;|lt;|gt;)/);
+  expect(text).toContain('&lt;!channel&gt;');
+  expect(text).toContain('&lt;http:\u200b//evil.\u200bexample/login|Re-authenticate here&gt;');
+  expect(text).toContain('&amp;amp;'); // an entity the box wrote shows as typed
+  // No @name, #channel, scheme://, domain or address Slack would link or notify.
+  expect(text).not.toMatch(/[@#][^\s\u200b]/);
+  expect(text).not.toMatch(/:\/\//);
+  expect(text).not.toMatch(/\.[a-z]/i);
+  expect(text).toContain('@\u200bchannel @\u200bhere');
+  n.stop();
+});
+
+test('a box-written message is bounded in both formats, and a Slack message in lines', async () => {
+  const long = `container box exited with code 1: ${'x'.repeat(4096)}`;
+  const slack = slackMessage([{ ...notice('b1'), message: long }]).text.split('\n')[1]!;
+  expect(slack.length).toBeLessThanOrEqual('• BoxCrashed: '.length + MAX_MESSAGE_CHARS);
+  expect(slack.endsWith('x…')).toBe(true);
+  // Cut by characters, never inside a surrogate pair.
+  const emoji = slackMessage([{ ...notice('b1'), message: '😀'.repeat(4096) }]).text.split('\n')[1]!;
+  expect(emoji).toBe(`• BoxCrashed: ${'😀'.repeat(MAX_MESSAGE_CHARS - 1)}…`);
+  // Held failures of one window: ten lines, then how many more.
+  const many = slackMessage(Array.from({ length: 15 }, () => notice('b1'))).text.split('\n');
+  expect(many).toHaveLength(1 + 10 + 1);
+  expect(many.at(-1)).toBe('… and 5 more');
+
+  const r = recorder();
+  const n = notifier([{ url: 'https://hooks.example/a', format: 'json' }], r.fetch);
+  n.notify({ ...notice('b1'), message: long });
+  await until(() => r.seen.length === 1);
+  const { failures } = JSON.parse(r.seen[0]!.body) as { failures: Array<{ message: string }> };
+  expect(Array.from(failures[0]!.message)).toHaveLength(MAX_MESSAGE_CHARS);
+  n.stop();
 });

@@ -209,17 +209,50 @@ export function document(id: string, notices: FailureNotice[], now: number) {
       reason: n.reason,
       event_reason: EVENT_REASONS[n.reason],
       ...(n.container ? { container: n.container } : {}),
-      message: n.message,
+      message: bounded(n.message),
       occurred_at: n.occurredAt.toISOString(),
     })),
   };
 }
 
+/** A Slack message: one line per failure, at most SLACK_MAX_LINES of them; every interpolated value escaped. */
 export function slackMessage(notices: FailureNotice[]): { text: string } {
   const first = notices[0]!;
-  const lines = notices.map((n) => `• ${EVENT_REASONS[n.reason]}: ${n.message}`);
-  return { text: `:rotating_light: Box ${first.box} in pool ${first.pool} (namespace ${first.namespace}):\n${lines.join('\n')}` };
+  const lines = notices.slice(0, SLACK_MAX_LINES).map((n) => `• ${EVENT_REASONS[n.reason]}: ${slackEscape(bounded(n.message))}`);
+  if (notices.length > SLACK_MAX_LINES) lines.push(`… and ${notices.length - SLACK_MAX_LINES} more`);
+  const where = `Box ${slackEscape(first.box)} in pool ${slackEscape(first.pool)} (namespace ${slackEscape(first.namespace)})`;
+  return { text: `:rotating_light: ${where}:\n${lines.join('\n')}` };
 }
+
+/** Longest failure message sent, in characters: a termination message is box-written, up to 4 KiB. */
+export const MAX_MESSAGE_CHARS = 1000;
+const SLACK_MAX_LINES = 10;
+
+/** The message cut to MAX_MESSAGE_CHARS characters (never inside a surrogate pair), marked when cut. */
+export function bounded(message: string): string {
+  const chars = Array.from(message);
+  return chars.length <= MAX_MESSAGE_CHARS ? message : `${chars.slice(0, MAX_MESSAGE_CHARS - 1).join('')}…`;
+}
+
+/**
+ * Text for Slack's mrkdwn that forms no mention, link or line of its own: the failure message
+ * quotes what the box wrote (a container's termination message). &, <, > become entities, so
+ * <!channel>, <@U…>, <!subteam^…> and <http://evil|click> show as typed; a zero-width space after
+ * @ and # keeps @here, @channel, @user and #channel from being linked (incoming webhooks link
+ * names, and ignore `parse`), and one after . and : (before a non-space) keeps URLs, bare domains
+ * and e-mail addresses from being auto-linked; control characters (newlines too) become spaces,
+ * so box text cannot start a line that looks like another failure or a block quote.
+ */
+export function slackEscape(text: string): string {
+  return text
+    .replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, ' ')
+    .replace(/&/g, '&amp;')
+    .replace(/</g, '&lt;')
+    .replace(/>/g, '&gt;')
+    .replace(/([@#.:])(?=\S)/g, `$1${ZWSP}`);
+}
+
+const ZWSP = '\u200b';
 
 /** A webhook URL may carry its credential in the path (Slack's do): log scheme and host only. */
 export function redactUrl(url: string): string {
