@@ -134,3 +134,43 @@ test('a sleeping box has no pod: its record is not an orphan, and goes when its 
   expect(plan.nextDueAt).toBe(Date.parse('2030-01-01T12:30:00Z'));
   expect(plan.active).toBe(0);
 });
+
+test("a warm pod's credential (owned by the pool, made before its pod) goes by name: kept while a pod of its name exists, an orphan after the grace without one", () => {
+  const credential = (pod: string, created = '2030-01-01T11:00:00Z'): k8s.V1Secret => ({
+    metadata: {
+      name: `${pod}-boxd`,
+      namespace: 'ns',
+      uid: `uid-${pod}-boxd`,
+      creationTimestamp: new Date(created),
+      labels: { 'app.kubernetes.io/component': 'box-credential' },
+      ownerReferences: [{ apiVersion: 'sandbox-bridge.io/v1alpha1', kind: 'SandboxPool', name: 'p', uid: 'uid-pool' }],
+    },
+  });
+  const warm = pod('box-warm-a');
+  warm.metadata!.labels = { 'sandbox-bridge.io/warm': 'p' };
+  const claimed = pod('box-warm-b'); // claimed: no warm label, its record as owner
+  claimed.metadata!.labels = { 'sandbox-bridge.io/box-id': 'box-s-0' };
+  claimed.metadata!.ownerReferences = [{ apiVersion: 'v1', kind: 'Secret', name: 'box-s-0', uid: 'uid-box-s-0' }];
+  const going = pod('box-warm-c', { deleting: true });
+  const plan = planReaps({
+    ...base,
+    pods: [warm, claimed, going],
+    secrets: [
+      credential('box-warm-a'),
+      credential('box-warm-b'),
+      credential('box-warm-c'),
+      credential('box-warm-d'), // the operator stopped between the Secret and the pod
+      credential('box-warm-e', '2030-01-01T11:59:45Z'), // its pod may be moments away
+      // Made before this change: owned by its pod, whose UID no longer matters, only its name.
+      { ...credential('box-warm-f'), metadata: { ...credential('box-warm-f').metadata, ownerReferences: [{ apiVersion: 'v1', kind: 'Pod', name: 'box-warm-f', uid: 'uid-gone' }] } },
+    ],
+  });
+  expect(plan.reaps.map((r) => [r.kind, r.name, r.reason])).toEqual([
+    ['Secret', 'box-warm-d-boxd', 'orphaned_secret'],
+    ['Secret', 'box-warm-f-boxd', 'orphaned_secret'],
+  ]);
+  expect(plan.nextDueAt).toBe(Date.parse('2030-01-01T12:00:15Z'));
+  // A pod of its name keeps it, whatever owns the Secret or the pod.
+  const legacy = pod('box-warm-f');
+  expect(planReaps({ ...base, pods: [legacy], secrets: [credential('box-warm-f')] }).reaps).toEqual([]);
+});

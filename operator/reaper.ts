@@ -1,12 +1,12 @@
 // Pure planning of box housekeeping: which box pods and box Secrets to delete, and when the next
 // one falls due (the reconciler requeues the pool for then instead of polling).
 import type * as k8s from '@kubernetes/client-node';
-import { ANNOTATIONS, LABELS, SECRET_COMPONENTS } from '../common/labels.js';
+import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, warmCredentialName } from '../common/labels.js';
 
 /**
  * expired / succeeded / failed: a box pod; box_record: the record of a box reaped in the same
  * pass; orphaned_record: a record whose box has had no pod for the grace period; orphaned_secret:
- * a Secret whose owner pod is gone.
+ * a warm pod's credential with no pod of its name, or another box Secret whose owner pod is gone.
  */
 export type ReapReason = 'expired' | 'succeeded' | 'failed' | 'box_record' | 'orphaned_record' | 'orphaned_secret';
 
@@ -65,6 +65,8 @@ export function planReaps(input: ReapInput): ReapPlan {
   // By UID, not name: a box recreated under a reused name must not keep its predecessor's
   // Secret alive, nor lose its own to it.
   const livePods = new Set<string>();
+  /** The credential Secret names of every pod there is, deleting ones too (they still mount it). */
+  const podCredentials = new Set<string>();
   /** Box ids with a pod that stays, and those whose pod this pass reaps. */
   const liveBoxes = new Set<string>();
   const reapedBoxes = new Set<string>();
@@ -73,6 +75,7 @@ export function planReaps(input: ReapInput): ReapPlan {
     const { name, namespace, uid } = pod.metadata ?? {};
     if (!name || !namespace || !uid) continue;
     livePods.add(uid);
+    podCredentials.add(warmCredentialName(name));
     // Warm pods belong to no session: the warm pool (operator/warm-pool.ts) keeps them.
     if (pod.metadata?.labels?.[LABELS.warm]) continue;
     const boxId = pod.metadata?.labels?.[LABELS.boxId] ?? name;
@@ -117,8 +120,16 @@ export function planReaps(input: ReapInput): ReapPlan {
       else due(orphanAt);
       continue;
     }
-    const owner = secret.metadata?.ownerReferences?.find((o) => o.kind === 'Pod')?.uid;
-    if (owner && livePods.has(owner)) continue;
+    if (secret.metadata?.labels?.[LABELS.component] === SECRET_COMPONENTS.credential) {
+      // A warm pod's credential is made before its pod and owned by the pool (operator/warm-pool.ts),
+      // so it goes by name: kept while a pod of its name exists (warm, claimed or terminating),
+      // an orphan when none has appeared by the end of the grace. Warm pod names are random, so a
+      // name is not reused.
+      if (podCredentials.has(name)) continue;
+    } else {
+      const owner = secret.metadata?.ownerReferences?.find((o) => o.kind === 'Pod')?.uid;
+      if (owner && livePods.has(owner)) continue;
+    }
     if (orphanAt <= now) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'orphaned_secret' });
     else due(orphanAt);
   }

@@ -7,6 +7,7 @@ import { boxdToken, newNonce } from '../common/boxd.js';
 import { buildBoxPod, buildBoxSecret, warmShape, warmTemplateHash } from '../common/box-pod.js';
 import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, warmCredentialName } from '../common/labels.js';
 import type { SandboxPool } from '../common/pool.js';
+import { apiStatusCode } from '../common/kube.js';
 import { ownerReference } from './children.js';
 
 export interface WarmInput {
@@ -104,14 +105,36 @@ export class WarmPods {
   }
 
   /**
-   * Starts one warm pod, and its credential Secret (owned by the pod). The pod is made first (the
-   * Secret needs its UID as owner); its kubelet waits for the Secret, which is fine for a box
-   * nobody waits on yet.
+   * Starts one warm pod and its credential Secret: the Secret first, then the pod, so that no
+   * pod ever waits for a Secret that will not come (a pod whose Secret is missing stays in
+   * ContainerCreating and would count as a warm box). The Secret is named after the pod
+   * (warmCredentialName) and owned by the pool, not the pod, whose UID does not exist yet. What a
+   * crash leaves at each point:
+   * - before the Secret is created: nothing; the next reconcile sees one warm pod fewer and starts one.
+   * - after the Secret, before the pod (or the pod's create failed): a Secret no pod of its name
+   *   uses; the reaper deletes it once the orphan grace has passed (operator/reaper.ts). A create
+   *   the API server refused deletes it at once.
+   * - after the pod's create was sent, answered or not: the pod, if made, finds its Secret and
+   *   starts. Its Secret stays while a pod of its name exists, claimed or not, and is reaped after.
+   * Since a claimed pod keeps its name and its Secret (boxd read its credential from it), the
+   * reaper, not garbage collection, deletes a warm credential once its pod is gone; deleting the
+   * pool deletes them all.
    */
   async start(pool: SandboxPool, template: string): Promise<void> {
     const ns = pool.spec.namespace;
     const name = `box-warm-${newNonce().slice(0, 10)}`;
     const nonce = newNonce();
+    const unowned = { ...ownerReference(pool), controller: false, blockOwnerDeletion: false };
+    const secret = buildBoxSecret({
+      name: warmCredentialName(name),
+      namespace: ns,
+      poolName: pool.metadata.name,
+      component: SECRET_COMPONENTS.credential,
+      token: boxdToken(this.o.boxd.key, ns, name, nonce),
+      env: {},
+      owner: unowned,
+    });
+    await this.o.core.createNamespacedSecret({ namespace: ns, body: secret });
     const pod = buildBoxPod({
       name,
       namespace: ns,
@@ -125,23 +148,17 @@ export class WarmPods {
     pod.metadata!.labels![LABELS.warm] = pool.metadata.name;
     pod.metadata!.annotations![ANNOTATIONS.warmTemplate] = template;
     // Deleting the pool takes its unclaimed warm pods along; a claim replaces this owner.
-    pod.metadata!.ownerReferences = [{ ...ownerReference(pool), controller: false, blockOwnerDeletion: false }];
+    pod.metadata!.ownerReferences = [unowned];
     // Ready when boxd answers: what makes a warm pod claimable.
     pod.spec!.containers[0]!.readinessProbe = { httpGet: { path: '/v1/health', port: 'boxd' }, periodSeconds: 2, failureThreshold: 1 };
-    const created = await this.o.core.createNamespacedPod({ namespace: ns, body: pod });
-    const secret = buildBoxSecret({
-      name: warmCredentialName(name),
-      namespace: ns,
-      poolName: pool.metadata.name,
-      component: SECRET_COMPONENTS.credential,
-      token: boxdToken(this.o.boxd.key, ns, name, nonce),
-      env: {},
-      owner: { apiVersion: 'v1', kind: 'Pod', name, uid: created.metadata!.uid!, blockOwnerDeletion: false },
-    });
     try {
-      await this.o.core.createNamespacedSecret({ namespace: ns, body: secret });
+      await this.o.core.createNamespacedPod({ namespace: ns, body: pod });
     } catch (err) {
-      await this.o.core.deleteNamespacedPod({ name, namespace: ns, gracePeriodSeconds: 0 }).catch(() => undefined);
+      // Refused (quota, invalid): no pod will use the Secret. Anything else (a timeout, a 5xx)
+      // may have made the pod after all: its Secret stays, and the reaper judges it by name.
+      if (refused(err)) {
+        await this.o.core.deleteNamespacedSecret({ name: warmCredentialName(name), namespace: ns }).catch(() => undefined);
+      }
       throw err;
     }
   }
@@ -158,4 +175,10 @@ export class WarmPods {
       body: { gracePeriodSeconds: 0, preconditions: { uid: pod.metadata!.uid!, resourceVersion: pod.metadata!.resourceVersion! } },
     });
   }
+}
+
+/** The API server answered that it did not make the object: a 4xx other than 409 (a pod of that name exists). */
+function refused(err: unknown): boolean {
+  const status = apiStatusCode(err);
+  return status !== undefined && status >= 400 && status < 500 && status !== 409;
 }
