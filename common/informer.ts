@@ -1,14 +1,38 @@
 // A watch-backed cache of Kubernetes objects (client-node's informer) that keeps itself alive:
 // client-node relists by itself on 410 Gone, but stops on any other error, so we restart it
 // with capped exponential backoff. Reads come from the cache; only writes go to the API server.
+//
+// With `metadataOnly` it lists and watches only the objects' metadata (meta.k8s.io/v1
+// PartialObjectMetadata, as client-go's metadata informers do): the API server leaves out spec,
+// status and data, so a cache of Secrets costs the same whatever the Secrets hold.
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
+import { sharedConnectionAuth } from './kube.js';
+
+/** An object as a metadata-only list or watch delivers it: kind, apiVersion and metadata. */
+export type PartialObjectMetadata = k8s.KubernetesObject;
+
+/** The Accept headers that ask the API server for metadata only. */
+export const METADATA_ACCEPT = {
+  list: 'application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1',
+  watch: 'application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1',
+} as const;
+
+export interface MetadataOnly<T> {
+  /** Called on each listed item as its page arrives (e.g. to drop managed fields). */
+  trim?: (item: T) => void;
+  /** Deadline of each list request. */
+  timeoutMs: number;
+}
 
 export interface InformerOptions<T extends k8s.KubernetesObject> {
   kc: k8s.KubeConfig;
   /** Watch path, e.g. /api/v1/namespaces/<ns>/pods. */
   path: string;
-  list: () => Promise<k8s.KubernetesListObject<T>>;
+  /** The initial list (and relists); required unless metadataOnly, which lists `path` itself. */
+  list?: () => Promise<k8s.KubernetesListObject<T>>;
+  /** List (in pages) and watch PartialObjectMetadata of `path` with the same selectors. */
+  metadataOnly?: MetadataOnly<T>;
   labelSelector?: string;
   /** E.g. metadata.name=<name>: RBAC limited to named objects allows only such lists and watches. */
   fieldSelector?: string;
@@ -38,10 +62,12 @@ export class ResilientInformer<T extends k8s.KubernetesObject> {
     this.minBackoffMs = options.minBackoffMs ?? 500;
     this.maxBackoffMs = options.maxBackoffMs ?? 30_000;
     this.backoffMs = this.minBackoffMs;
+    const list = options.metadataOnly ? metadataList<T>(options, options.metadataOnly) : options.list;
+    if (!list) throw new Error(`informer ${options.path}: neither list nor metadataOnly given`);
     this.informer = new k8s.ListWatch(
       options.path,
-      new k8s.Watch(options.kc),
-      options.list,
+      new k8s.Watch(options.metadataOnly ? metadataWatchConfig(options.kc) : options.kc),
+      list,
       false,
       options.labelSelector,
       options.fieldSelector,
@@ -157,6 +183,52 @@ export async function listPaged<T extends k8s.KubernetesObject>(
     cont = last.metadata?._continue || undefined;
   } while (cont);
   return { ...last, items };
+}
+
+/**
+ * The informer's list for metadataOnly: GETs of `path` with its selectors, asking for a
+ * PartialObjectMetadataList, in pages (listPaged). A raw request: client-node's generated list
+ * methods neither let us set Accept nor parse that kind.
+ */
+function metadataList<T extends k8s.KubernetesObject>(o: InformerOptions<T>, m: MetadataOnly<T>): () => Promise<k8s.KubernetesListObject<T>> {
+  const cluster = o.kc.getCurrentCluster();
+  if (!cluster) throw new Error('no active Kubernetes cluster in the kubeconfig');
+  const auth = sharedConnectionAuth(o.kc);
+  const http = new k8s.IsomorphicFetchHttpLibrary();
+  const page = async (params: { limit: number; _continue?: string }): Promise<k8s.KubernetesListObject<T>> => {
+    const url = new URL(cluster.server + o.path);
+    if (o.labelSelector) url.searchParams.set('labelSelector', o.labelSelector);
+    if (o.fieldSelector) url.searchParams.set('fieldSelector', o.fieldSelector);
+    url.searchParams.set('limit', String(params.limit));
+    if (params._continue) url.searchParams.set('continue', params._continue);
+    const ctx = new k8s.RequestContext(url.toString(), k8s.HttpMethod.GET);
+    await auth.applySecurityAuthentication(ctx);
+    ctx.setHeaderParam('Accept', METADATA_ACCEPT.list);
+    ctx.setSignal(AbortSignal.timeout(m.timeoutMs));
+    const res = await http.send(ctx).toPromise();
+    const text = await res.body.text();
+    if (res.httpStatusCode !== 200) throw new k8s.ApiException(res.httpStatusCode, `list ${o.path}`, text, res.headers);
+    const list = JSON.parse(text) as { apiVersion?: string; kind?: string; metadata?: { resourceVersion?: string; continue?: string }; items: T[] };
+    // Typed as client-node's lists are: the wire's `continue` is `_continue` there (listPaged reads that).
+    const { resourceVersion, continue: cont } = list.metadata ?? {};
+    return { ...list, metadata: { ...(resourceVersion ? { resourceVersion } : {}), ...(cont ? { _continue: cont } : {}) } };
+  };
+  return () => listPaged(page, m.trim ?? (() => undefined));
+}
+
+/**
+ * client-node's Watch takes its request headers from its config's authentication and uses
+ * nothing else of it but the cluster: this config adds the Accept header of a metadata watch.
+ */
+function metadataWatchConfig(kc: k8s.KubeConfig): k8s.KubeConfig {
+  const config: Pick<k8s.KubeConfig, 'getCurrentCluster' | 'applySecurityAuthentication'> = {
+    getCurrentCluster: () => kc.getCurrentCluster(),
+    applySecurityAuthentication: async (ctx) => {
+      await kc.applySecurityAuthentication(ctx);
+      ctx.setHeaderParam('Accept', METADATA_ACCEPT.watch);
+    },
+  };
+  return config as k8s.KubeConfig;
 }
 
 function errorSummary(err: unknown): string {

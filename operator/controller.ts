@@ -4,7 +4,7 @@
 // Caches run on every replica (a standby takes over warm); workers only on the leader.
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { ResilientInformer, listPaged, slimMetadata } from '../common/informer.js';
+import { ResilientInformer, listPaged, slimMetadata, type MetadataOnly, type PartialObjectMetadata } from '../common/informer.js';
 import { makeApiClient } from '../common/kube.js';
 import { BOX_SELECTOR, LABELS, SECRET_COMPONENTS } from '../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool } from '../common/pool.js';
@@ -76,12 +76,14 @@ export class Controller {
     });
     const net = makeApiClient(o.kc, k8s.NetworkingV1Api, LIST_TIMEOUT_MS);
     const custom = makeApiClient(o.kc, k8s.CustomObjectsApi, LIST_TIMEOUT_MS);
+    /** A cache of `path`: with a list function, whole objects; with MetadataOnly, their metadata. */
     const informer = <T extends k8s.KubernetesObject>(
       path: string,
-      list: () => Promise<k8s.KubernetesListObject<T>>,
+      list: (() => Promise<k8s.KubernetesListObject<T>>) | MetadataOnly<T>,
       selectors: { labelSelector?: string; fieldSelector?: string } = {},
     ) => {
-      const inf = new ResilientInformer<T>({ kc: o.kc, path, list, log: this.log, ...selectors });
+      const how = typeof list === 'function' ? { list } : { metadataOnly: list };
+      const inf = new ResilientInformer<T>({ kc: o.kc, path, ...how, log: this.log, ...selectors });
       this.informers.push(inf as unknown as ResilientInformer<k8s.KubernetesObject>);
       return inf;
     };
@@ -100,6 +102,9 @@ export class Controller {
             : informer(namespacedPath(resource, ns), () => listIn(ns), { labelSelector }),
         namespaces,
       );
+    /** The same, as metadata only: the informer lists its own watch path (common/informer.ts). */
+    const scopedMetadata = (resource: string, labelSelector: string, m: MetadataOnly<PartialObjectMetadata>) =>
+      new ScopedCache<PartialObjectMetadata>((ns) => informer(ns === undefined ? clusterWidePath(resource) : namespacedPath(resource, ns), m, { labelSelector }), namespaces);
 
     this.pools = informer(
       `/apis/${POOL_GROUP}/${POOL_VERSION}/${POOL_PLURAL}`,
@@ -118,12 +123,10 @@ export class Controller {
       (namespace) => listPaged((page) => core.listNamespacedPod({ namespace, labelSelector: BOX_SELECTOR, ...page }), (pod) => slim(this.observed(pod))),
       () => listPaged((page) => core.listPodForAllNamespaces({ labelSelector: BOX_SELECTOR, ...page }), (pod) => slim(this.observed(pod))),
     );
-    const secrets = scoped<k8s.V1Secret>(
-      'secrets',
-      BOX_SELECTOR,
-      (namespace) => listPaged((page) => core.listNamespacedSecret({ namespace, labelSelector: BOX_SELECTOR, ...page }), slim),
-      () => listPaged((page) => core.listSecretForAllNamespaces({ labelSelector: BOX_SELECTOR, ...page }), slim),
-    );
+    // Box Secrets by their metadata only: a record holds a box's env (up to ~900 KiB), and every
+    // reader here needs only labels, annotations, owners and timestamps (reaper, warm pool, box
+    // count, snapshot retention). Whole Secrets, 500 to a page, could pass the operator's memory limit.
+    const secrets = scopedMetadata('secrets', BOX_SELECTOR, { trim: slim, timeoutMs: LIST_TIMEOUT_MS });
     // With namespaced RBAC the operator may read only the pool namespaces, by name (resourceNames),
     // which the API server allows for lists and watches with a metadata.name field selector.
     const namespaceCache = new ScopedCache<k8s.V1Namespace>(
@@ -308,7 +311,7 @@ export class Controller {
   }
 
   /** A box is counted by its record (made once per box, cold or claimed warm), seen as it arrives. */
-  private seenBoxesFor(secret: k8s.V1Secret): void {
+  private seenBoxesFor(secret: PartialObjectMetadata): void {
     const ns = secret.metadata?.namespace;
     if (secret.metadata?.labels?.[LABELS.component] !== SECRET_COMPONENTS.record) return;
     if (ns && this.pools.list().some((p) => p.spec?.namespace === ns)) this.seenBoxes.note(secret);
@@ -329,11 +332,11 @@ function namespacedPath(resource: string, namespace: string): string {
 
 /**
  * Keeps only what the reaper and the warm pool read from cached boxes and Secrets (metadata
- * without managed fields, the pod phase and Ready condition; no pod spec, no Secret data): with 10,000 boxes that is most of the
- * operator's memory. The handler receives the very object the informer caches, and this cache
- * is private to the controller, so trimming it in place is safe. Parts are replaced by small
- * fresh objects or set to undefined, never `delete`d, which would leave V8 objects in larger
- * dictionary mode.
+ * without managed fields, the pod phase and Ready condition; no pod spec; Secrets arrive as
+ * metadata only): with 10,000 boxes that is most of the operator's memory. The handler receives
+ * the very object the informer caches, and this cache is private to the controller, so trimming
+ * it in place is safe. Parts are replaced by small fresh objects or set to undefined, never
+ * `delete`d, which would leave V8 objects in larger dictionary mode.
  */
 function slim<T extends k8s.KubernetesObject & { spec?: unknown; status?: unknown; data?: unknown; stringData?: unknown }>(obj: T): T {
   if (obj.metadata) obj.metadata = slimMetadata(obj.metadata);

@@ -3,6 +3,7 @@
 // changed, and says when to look again. It never asks what event caused it to run.
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
+import type { PartialObjectMetadata } from '../common/informer.js';
 import { apiMessage, apiStatusCode, isConflict, isNotFound, makeApiClient } from '../common/kube.js';
 import { LABELS, SECRET_COMPONENTS } from '../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool, type SandboxPoolStatus } from '../common/pool.js';
@@ -24,7 +25,8 @@ export interface Lister<T> {
 export interface Caches {
   pools: Lister<SandboxPool>;
   pods: Lister<k8s.V1Pod>;
-  secrets: Lister<k8s.V1Secret>;
+  /** Box Secrets as metadata only (common/informer.ts metadataOnly): no env, no credential. */
+  secrets: Lister<PartialObjectMetadata>;
   namespaces: Lister<k8s.V1Namespace>;
   /** Namespaced children by kind. */
   children: Record<'ResourceQuota' | 'LimitRange' | 'NetworkPolicy', Lister<k8s.KubernetesObject>>;

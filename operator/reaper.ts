@@ -1,6 +1,7 @@
 // Pure planning of box housekeeping: which box pods and box Secrets to delete, and when the next
 // one falls due (the reconciler requeues the pool for then instead of polling).
 import type * as k8s from '@kubernetes/client-node';
+import type { PartialObjectMetadata } from '../common/informer.js';
 import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, warmCredentialName } from '../common/labels.js';
 
 /**
@@ -30,7 +31,8 @@ export interface ReapPlan {
 
 export interface ReapInput {
   pods: readonly k8s.V1Pod[];
-  secrets: readonly k8s.V1Secret[];
+  /** Box Secrets: their metadata is all the plan reads. */
+  secrets: readonly PartialObjectMetadata[];
   defaultTtlSeconds: number;
   now: number;
   /**
