@@ -204,6 +204,8 @@ export class Controller {
       this.retention = new SnapshotRetentionReconciler({
         ...o.snapshots,
         pools: this.pools as Lister<SandboxPool>,
+        secrets,
+        secretsSynced: () => secrets.informers.every((i) => i.hasSynced()),
         events,
         metrics: o.metrics,
         log: o.log.child({ component: 'snapshot-retention' }),

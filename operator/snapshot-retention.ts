@@ -4,7 +4,20 @@
 // shorter) and what failed snapshots left behind, and asks to run again when the next one falls
 // due: RequeueAfter, never a timer. The store is not watched, so snapshots taken meanwhile are
 // seen at the next sweep, at most sweepIntervalMs later.
+//
+// A sleeping box's workspace is in a snapshot its record names (annotation
+// sandbox-bridge.io/sleep-snapshot): such a snapshot is never deleted while a live record names
+// it, whatever its expiry. The records come from the operator's Secret cache, which may not yet
+// show a record that named a snapshot a moment ago: the writer stores the snapshot (its
+// metadata last) and only then names it. So a snapshot past a shortened retention is deleted
+// only once it was written at least the grace ago (incompleteGraceMs: the time a writer has to
+// finish a snapshot and name it), and the records are read after the store was listed: a
+// snapshot named within the grace of being written is seen named by any cache less than that
+// far behind. (A snapshot's own expiry is not held back: a sleep snapshot expires no earlier
+// than its box.) The grace is measured from the store's lastModified, by the operator's clock.
 import type { Logger } from 'pino';
+import { ANNOTATIONS } from '../common/labels.js';
+import type { PartialObjectMetadata } from '../common/informer.js';
 import type { ObjectStore } from '../common/object-store.js';
 import type { SandboxPool } from '../common/pool.js';
 import { METADATA_OBJECT, parseSnapshotId, poolPrefix, snapshotDeadline } from '../common/snapshots.js';
@@ -17,8 +30,14 @@ export interface RetentionInput {
   objects: ReadonlyArray<{ key: string; lastModified: Date }>;
   retentionSeconds: number;
   now: number;
-  /** A snapshot whose metadata never arrived (its bridge failed mid-way) is removed after this. */
+  /**
+   * How long a snapshot's writer has to finish it and name it in a record, from its newest
+   * object: a snapshot whose metadata never arrived (its bridge failed mid-way) is removed after
+   * this, and a complete one past a shortened pool retention is not deleted before.
+   */
   incompleteGraceMs: number;
+  /** Snapshot ids live box records name (sleeping boxes' workspaces): never deleted. */
+  named: ReadonlySet<string>;
 }
 
 export interface RetentionPlan {
@@ -26,6 +45,10 @@ export interface RetentionPlan {
   deletes: string[];
   expired: number;
   incomplete: number;
+  /** Snapshots due for deletion that a live record names, so kept. */
+  kept: number;
+  /** Snapshots past a shortened retention, written less than the grace ago: deleted later. */
+  deferred: number;
   /** When the next snapshot falls due (ms since epoch). */
   nextDueAt?: number;
 }
@@ -42,30 +65,54 @@ export function planRetention(input: RetentionInput): RetentionPlan {
     group.newest = Math.max(group.newest, o.lastModified.getTime());
     groups.set(parts[1]!, group);
   }
-  const plan: RetentionPlan = { deletes: [], expired: 0, incomplete: 0 };
+  const plan: RetentionPlan = { deletes: [], expired: 0, incomplete: 0, kept: 0, deferred: 0 };
   const due = (at: number) => {
     if (plan.nextDueAt === undefined || at < plan.nextDueAt) plan.nextDueAt = at;
   };
+  const { now } = input;
   for (const [name, group] of groups) {
     const id = parseSnapshotId(name);
     if (!id) continue;
+    // Written, and named if it is to be, by then (measured from the store's clock).
+    const settledAt = group.newest + input.incompleteGraceMs;
     const deadline = snapshotDeadline(id, input.retentionSeconds);
-    if (deadline <= input.now) {
-      plan.deletes.push(...group.keys);
-      plan.expired++;
-    } else if (!group.complete && group.newest + input.incompleteGraceMs <= input.now) {
-      plan.deletes.push(...group.keys);
-      plan.incomplete++;
+    // Its own expiry holds; a shortened retention only once it has settled.
+    const expiresAt = Math.max(deadline, Math.min(id.expiresAt.getTime(), settledAt));
+    const deleteAt = group.complete ? expiresAt : Math.min(expiresAt, settledAt);
+    if (deleteAt > now) {
+      if (deadline <= now) plan.deferred++;
+      due(deleteAt);
+    } else if (input.named.has(name)) {
+      plan.kept++; // looked at again by the next sweep, once no record names it
     } else {
-      due(group.complete ? deadline : Math.min(deadline, group.newest + input.incompleteGraceMs));
+      plan.deletes.push(...group.keys);
+      if (expiresAt <= now) plan.expired++;
+      else plan.incomplete++;
     }
   }
   return plan;
 }
 
+/**
+ * The snapshots live box Secrets of a namespace name (sleeping boxes' workspaces). Any Secret
+ * with the annotation counts, whatever its labels; one being deleted does not.
+ */
+export function namedSnapshots(secrets: readonly PartialObjectMetadata[]): Set<string> {
+  const named = new Set<string>();
+  for (const s of secrets) {
+    const id = s.metadata?.annotations?.[ANNOTATIONS.sleepSnapshot];
+    if (id && !s.metadata?.deletionTimestamp) named.add(id);
+  }
+  return named;
+}
+
 export interface RetentionOptions {
   store: ObjectStore;
   pools: Lister<SandboxPool>;
+  /** The operator's cache of box Secrets (metadata): the records that name sleeping boxes' snapshots. */
+  secrets: Lister<PartialObjectMetadata>;
+  /** Whether that cache has been filled: until then no snapshot is deleted. */
+  secretsSynced: () => boolean;
   events: EventRecorder;
   metrics: OperatorMetrics;
   log: Logger;
@@ -74,6 +121,9 @@ export interface RetentionOptions {
   incompleteGraceMs: number;
   now?: () => number;
 }
+
+/** How soon to look again while the Secret cache is not filled yet. */
+const CACHE_WAIT_MS = 1000;
 
 export class SnapshotRetentionReconciler {
   private readonly now: () => number;
@@ -94,6 +144,9 @@ export class SnapshotRetentionReconciler {
     const last = this.swept.get(name);
     if (last && last.generation === pool.metadata.generation && now < last.nextAt) return { requeueAfterMs: last.nextAt - now };
 
+    // Without the records, any snapshot could be a sleeping box's.
+    if (!this.o.secretsSynced()) return { requeueAfterMs: CACHE_WAIT_MS };
+
     const { store } = this.o;
     const prefix = store.key(poolPrefix(name));
     const objects: Array<{ key: string; lastModified: Date }> = [];
@@ -104,7 +157,12 @@ export class SnapshotRetentionReconciler {
         retentionSeconds: pool.spec.snapshots?.retentionSeconds ?? 604_800,
         now,
         incompleteGraceMs: this.o.incompleteGraceMs,
+        // Read after the listing: a snapshot listed was stored before any record named it.
+        named: namedSnapshots(this.o.secrets.list(pool.spec.namespace)),
       });
+      if (plan.kept || plan.deferred) {
+        this.o.log.info({ pool: name, kept: plan.kept, deferred: plan.deferred }, 'kept snapshots due for deletion: named by sleeping boxes (kept), or written within the grace (deferred)');
+      }
       if (plan.deletes.length) await store.delete(plan.deletes.map((k) => prefix + k));
       // Multipart uploads a failed bridge never completed nor aborted still hold their parts.
       let aborted = 0;
@@ -120,7 +178,10 @@ export class SnapshotRetentionReconciler {
         await this.o.events.record(pool, {
           type: 'Normal',
           reason: 'SnapshotsDeleted',
-          message: `Deleted ${plan.expired} expired snapshot(s)` + (plan.incomplete + aborted ? ` and ${plan.incomplete + aborted} incomplete one(s)` : ''),
+          message:
+            `Deleted ${plan.expired} expired snapshot(s)` +
+            (plan.incomplete + aborted ? ` and ${plan.incomplete + aborted} incomplete one(s)` : '') +
+            (plan.kept ? `; kept ${plan.kept} due one(s) that sleeping boxes need` : ''),
         });
       }
       const nextAt = Math.min(plan.nextDueAt ?? Infinity, now + this.o.sweepIntervalMs);
