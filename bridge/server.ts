@@ -18,7 +18,7 @@ import { admitUpgrade } from './http/auth.js';
 import { terminalUpgrades } from './http/terminals.js';
 import { createTokenSource } from './http/tokens.js';
 import { BoxCache } from './kube/box-cache.js';
-import { BoxRecords } from './kube/box-records.js';
+import { BoxRecords } from '../common/box-records.js';
 import { BoxSeats } from './kube/box-seats.js';
 import { instrumentedCall } from './kube/instrument.js';
 import { NodeCache } from './kube/node-cache.js';

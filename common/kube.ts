@@ -152,6 +152,18 @@ export function apiMessage(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
 
+/** Runs one Kubernetes API call; its errors come out as the API's error types (toBridgeError). */
+export type KubeCall = <T>(operation: string, fn: () => Promise<T>) => Promise<T>;
+
+/** A KubeCall that only maps errors (the operator's; the bridge's also times and counts them). */
+export const plainCall: KubeCall = async (operation, fn) => {
+  try {
+    return await fn();
+  } catch (err) {
+    throw toBridgeError(err, operation);
+  }
+};
+
 /**
  * Maps an error from the Kubernetes client to the API's error types. `what` names the
  * operation for the message ("create box", "list nodes").

@@ -24,8 +24,9 @@ export const LABELS = {
   /** Digest of the Idempotency-Key of the create request that made the box. */
   idempotencyKey: `${API_GROUP}/idempotency-key`,
   /**
-   * On a box's record while idle sleep is at work on it: `pending` (being snapshotted; calls
-   * wait), `asleep` (no pod; the next call wakes it), `waking` (a replica is making its pod).
+   * On a box's record when it is not plain Running (docs/lifecycle.md): `pending` (a sleep is
+   * snapshotting it), `asleep` (no pod; a call wakes it), `waking` (a replica is making its pod),
+   * `failed` (its snapshot is gone; the reason in the failure annotation).
    */
   sleep: `${API_GROUP}/sleep`,
 } as const;
@@ -40,14 +41,23 @@ export const ANNOTATIONS = {
   createdAt: `${API_GROUP}/created-at`,
   /** On a warm pod: the digest of the template it was made from (common/box-pod.ts). */
   warmTemplate: `${API_GROUP}/warm-template`,
-  /** On a box pod: RFC 3339 instant of the last bridge call, written at most every few seconds (bridge/services/sleep.ts). */
+  /**
+   * On a box pod: RFC 3339 instant of the last bridge call, written at most every few seconds
+   * (bridge/services/box-targets.ts); a call that meets a sleep's fence writes it at once.
+   */
   lastActive: `${API_GROUP}/last-active`,
   /** On a sleeping box's record: the snapshot its workspace is in. */
   sleepSnapshot: `${API_GROUP}/sleep-snapshot`,
-  /** On a record in a sleep state: who set it and when (`<replica> <RFC 3339>`): a stale one is taken over. */
-  sleepBy: `${API_GROUP}/sleep-by`,
-  /** On a sleeping box's record: the shape its pod is made again with (JSON, bridge/services/sleep.ts). */
+  /** On a record: the lease of whoever moves the box between states (JSON, common/box-lease.ts). */
+  lease: `${API_GROUP}/lease`,
+  /** On a record: the newest lease epoch it had (boxd's fence is raised and lifted with it). */
+  epoch: `${API_GROUP}/epoch`,
+  /** On a sleeping box's record: the shape its pod is made again with (JSON, bridge/box-pod.ts SleptBox). */
   sleepBox: `${API_GROUP}/sleep-box`,
+  /** TEMPORARY: the replaced sleep mark, until bridge/services/sleep.ts is gone. */
+  sleepBy: `${API_GROUP}/sleep-by`,
+  /** On a Failed box's record: why. */
+  failure: `${API_GROUP}/failure`,
 } as const;
 
 /** app.kubernetes.io/component values of the Secrets boxes use. */

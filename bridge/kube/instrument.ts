@@ -1,9 +1,9 @@
 // Every Kubernetes API call of the bridge goes through call(): it is timed, its failures are
 // counted by status, and its errors become the API's error types.
 import type { BridgeMetrics } from '../metrics.js';
-import { apiStatusCode, toBridgeError } from '../../common/kube.js';
+import { apiStatusCode, toBridgeError, type KubeCall } from '../../common/kube.js';
 
-export type KubeCall = <T>(operation: string, fn: () => Promise<T>) => Promise<T>;
+export type { KubeCall };
 
 export function instrumentedCall(metrics: Pick<BridgeMetrics, 'kubeDuration' | 'kubeErrors'>): KubeCall {
   return async (operation, fn) => {

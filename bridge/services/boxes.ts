@@ -18,7 +18,7 @@ import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js
 import { boxIdOf, boxStatus, sleepingStatus, sleptBoxOf } from '../box-pod.js';
 import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxReader } from '../kube/box-cache.js';
-import type { BoxRecords } from '../kube/box-records.js';
+import type { BoxRecords } from '../../common/box-records.js';
 import type { SleepingReader } from '../kube/sleeping-records.js';
 import type { BoxSeats } from '../kube/box-seats.js';
 import type { KubeCall } from '../kube/instrument.js';

@@ -3,7 +3,7 @@
 // boxd loads at start (a claimed warm box gets it pushed at the claim).
 // The record is written first, so a value boxd has was always stored.
 import type { BoxdClient } from '../../common/boxd-client.js';
-import type { BoxRecords } from '../kube/box-records.js';
+import type { BoxRecords } from '../../common/box-records.js';
 import { boxIdOf } from '../box-pod.js';
 import type { BoxConnector } from './box-connector.js';
 

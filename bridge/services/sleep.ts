@@ -24,7 +24,7 @@ import { parseQuantity } from '../../common/quantity.js';
 import { boxIdOf, boxStatus, sleptBoxOf, type SleptBox } from '../box-pod.js';
 import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxReader } from '../kube/box-cache.js';
-import { envOf, recordOf, type BoxRecords } from '../kube/box-records.js';
+import { envOf, recordOf, type BoxRecords } from '../../common/box-records.js';
 import type { KubeCall } from '../kube/instrument.js';
 import type { PolicySource } from '../kube/policy.js';
 import { sleepStateOf, type SleepingReader } from '../kube/sleeping-records.js';

@@ -21,7 +21,7 @@ import {
 } from '../../common/snapshots.js';
 import { WORKSPACE, boxStatus } from '../box-pod.js';
 import type { BoxdClient } from '../../common/boxd-client.js';
-import type { BoxRecords } from '../kube/box-records.js';
+import type { BoxRecords } from '../../common/box-records.js';
 import type { PolicySource } from '../kube/policy.js';
 import type { CreateBoxRequest } from '../schemas.js';
 import type { BoxConnector, CallOptions } from './box-connector.js';

@@ -4,11 +4,11 @@
 // credential; the box's pod is its dependent, so deleting the record takes the pod along.
 // Values never appear in the pod spec, in responses or in logs.
 import * as k8s from '@kubernetes/client-node';
-import { BOX_SECRET_KEYS } from '../../common/boxd.js';
-import { buildBoxSecret } from '../../common/box-pod.js';
-import { BridgeError } from '../../common/errors.js';
-import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, boxRecordName, sessionHash } from '../../common/labels.js';
-import type { KubeCall } from './instrument.js';
+import { BOX_SECRET_KEYS } from './boxd.js';
+import { buildBoxSecret } from './box-pod.js';
+import { BridgeError } from './errors.js';
+import type { KubeCall } from './kube.js';
+import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, boxRecordName, sessionHash } from './labels.js';
 
 /** Kubernetes caps a Secret at 1 MiB; keep clear of it. */
 export const MAX_ENV_BYTES = 900 * 1024;
@@ -23,6 +23,13 @@ export interface NewRecord {
   token: string;
   env: Record<string, string>;
   idempotencyKey?: string | undefined;
+}
+
+/** What a compare-and-swap of a record changes (null removes a label or annotation). */
+export interface RecordChange {
+  labels?: Record<string, string | null>;
+  annotations?: Record<string, string | null>;
+  token?: string;
 }
 
 export class BoxRecords {
@@ -85,10 +92,7 @@ export class BoxRecords {
    * `token` its credential: a merge patch carrying the resource version last read, so it fails
    * when anything changed the record since. Resolves with the record, or undefined when it lost.
    */
-  async swap(
-    record: k8s.V1Secret,
-    change: { labels?: Record<string, string | null>; annotations?: Record<string, string | null>; token?: string },
-  ): Promise<k8s.V1Secret | undefined> {
+  async swap(record: k8s.V1Secret, change: RecordChange): Promise<k8s.V1Secret | undefined> {
     try {
       return await this.call('update box record', () =>
         this.core.patchNamespacedSecret(
