@@ -35,7 +35,7 @@ import { EnvService } from './services/env.js';
 import { ExecService } from './services/exec.js';
 import { FileService } from './services/files.js';
 import { ProcessService } from './services/processes.js';
-import { EnvSealer } from './services/env-seal.js';
+import { EnvSealer } from '../common/env-seal.js';
 import { SleepService } from './services/sleep.js';
 import { SnapshotService } from './services/snapshots.js';
 import { objectStoreFrom } from '../common/object-store.js';

@@ -211,8 +211,16 @@ export class BoxdClient {
   }
 
   /** A tar stream of path (a directory's contents, or one file). */
-  readArchive(t: BoxdTarget, path: string, gzip: boolean, signal?: AbortSignal): Promise<http.IncomingMessage> {
-    return this.send(t, 'GET', '/v1/archive', { query: { path, gzip }, signal });
+  readArchive(
+    t: BoxdTarget,
+    path: string,
+    gzip: boolean,
+    signal?: AbortSignal,
+    limits?: { maxBytes: number; maxEntries: number },
+  ): Promise<http.IncomingMessage> {
+    // With limits, boxd refuses (413) a tree over them before it sends a byte.
+    const query = { path, gzip, ...(limits ? { max_bytes: limits.maxBytes, max_entries: limits.maxEntries } : {}) };
+    return this.send(t, 'GET', '/v1/archive', { query, signal });
   }
 
   writeArchive(

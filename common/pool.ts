@@ -82,6 +82,15 @@ export interface SnapshotPolicy {
   retentionSeconds: number;
   /** Take a final snapshot before every box delete (a request overrides with ?snapshot=true|false). */
   onDelete: boolean;
+  /**
+   * The most a snapshot may hold (data bytes: sparse holes not counted, a hard-linked file once),
+   * a Kubernetes quantity; unset: the box's workspaceSizeLimit. boxd refuses a larger workspace
+   * before a byte moves (an idle box then stays awake), and a restore accepts what a snapshot
+   * taken under it holds.
+   */
+  maxBytes?: string;
+  /** The most entries (files, directories, links) a snapshot may hold, and a restore write. */
+  maxEntries: number;
 }
 
 /** Idle sleep (docs/snapshots.md "Idle sleep"): needs an object store. */
@@ -191,7 +200,7 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
     podLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'bridge' },
   },
   // The agent platform's default backup retention (7 days).
-  snapshots: { retentionSeconds: 7 * 24 * 3600, onDelete: false },
+  snapshots: { retentionSeconds: 7 * 24 * 3600, onDelete: false, maxEntries: 1_000_000 },
   warm: { count: 0, windowSeconds: 60 },
   // The agent platform's sleepAfter (5 minutes).
   idle: { sleepAfterSeconds: 300 },

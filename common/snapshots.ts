@@ -82,6 +82,11 @@ export interface SnapshotMetadata {
   /** Bytes of workspace.tar.gz, and its SHA-256 (checked on restore). */
   size: number;
   sha256: string;
+  /**
+   * The limits it was taken under (data bytes, entries): a restore accepts up to these even if
+   * the pool's limits shrank since, so a snapshot taken is always restorable. Absent in older ones.
+   */
+  limits?: { bytes: number; entries: number };
   env: SealedEnv;
 }
 

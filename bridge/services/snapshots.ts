@@ -27,7 +27,7 @@ import type { CreateBoxRequest } from '../schemas.js';
 import type { BoxConnector, CallOptions } from './box-connector.js';
 import type { BoxService } from './boxes.js';
 import type { EnvService } from './env.js';
-import type { EnvSealer } from './env-seal.js';
+import type { EnvSealer } from '../../common/env-seal.js';
 
 const MiB = 1024 * 1024;
 /** Snapshots read at once to answer a listing. */

@@ -84,7 +84,7 @@ suite('snapshots of real boxes in the real object store', () => {
 
   beforeAll(async () => {
     namespace = await createTestNamespace(kc, 'snap', { 'pod-security.kubernetes.io/enforce': 'restricted' });
-    const policy = testPolicy(namespace, { ...ON_REAL_NODE, snapshots: { retentionSeconds: 3600, onDelete: false } });
+    const policy = testPolicy(namespace, { ...ON_REAL_NODE, snapshots: { retentionSeconds: 3600, onDelete: false, maxEntries: 1_000_000 } });
     [bridgeA, bridgeB] = await Promise.all([startTestBridge(kc, policy, storeEnv), startTestBridge(kc, policy, storeEnv)]);
     call = api(bridgeA);
     callB = api(bridgeB);
@@ -257,7 +257,7 @@ suite('snapshots of real boxes in the real object store', () => {
     const proxy = new TcpProxy('127.0.0.1', Number(new URL(storeEnv.OBJECT_STORE_ENDPOINT ?? 'http://127.0.0.1:1').port));
 
     beforeAll(async () => {
-      const policy = testPolicy(namespace, { ...ON_REAL_NODE, snapshots: { retentionSeconds: 3600, onDelete: true } });
+      const policy = testPolicy(namespace, { ...ON_REAL_NODE, snapshots: { retentionSeconds: 3600, onDelete: true, maxEntries: 1_000_000 } });
       // A port nothing listens on (refused at once), and a store that accepts connections but never answers.
       const port = await freePort();
       await proxy.start();

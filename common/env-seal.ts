@@ -5,8 +5,8 @@
 // is rotated by putting the new one first and dropping the old one once its snapshots expired.
 // docs/snapshots.md has the decision and its trade-offs.
 import { createCipheriv, createDecipheriv, createHash, hkdfSync, randomBytes } from 'node:crypto';
-import { BridgeError } from '../../common/errors.js';
-import type { SealedEnv } from '../../common/snapshots.js';
+import { BridgeError } from './errors.js';
+import type { SealedEnv } from './snapshots.js';
 
 interface Key {
   kid: string;

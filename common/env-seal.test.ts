@@ -1,4 +1,4 @@
-import { BridgeError } from '../../common/errors.js';
+import { BridgeError } from './errors.js';
 import { EnvSealer } from './env-seal.js';
 
 const key = 'k'.repeat(40);
