@@ -1,11 +1,12 @@
 // How a box pod is reported back through the API (the pod spec itself: common/box-pod.ts).
 import type { V1Pod, V1Secret } from '@kubernetes/client-node';
-import { BOX_CONTAINER } from '../common/box-pod.js';
+import { stateOf } from '../common/box-lease.js';
+import { BOX_CONTAINER, sleptBoxOf } from '../common/box-pod.js';
 import { ANNOTATIONS, LABELS } from '../common/labels.js';
 
-export { BOX_CONTAINER, BOXD_INSTALL_CONTAINER, WORKSPACE } from '../common/box-pod.js';
+export { BOX_CONTAINER, BOXD_INSTALL_CONTAINER, WORKSPACE, sleptBoxOf, type SleptBox } from '../common/box-pod.js';
 
-export type BoxState = 'Pending' | 'Running' | 'Sleeping' | 'Terminated';
+export type BoxState = 'Pending' | 'Running' | 'Sleeping' | 'Failed' | 'Terminated';
 
 /** The API's box status: Terminated once deleting or finished, Running once the container runs. */
 export function boxState(pod: V1Pod): BoxState {
@@ -85,35 +86,13 @@ function summaryOf(s: ReturnType<typeof boxStatus> | ReturnType<typeof sleepingS
   };
 }
 
-/**
- * What a sleeping box's record keeps of it (annotation sandbox-bridge.io/sleep-box): the shape
- * its pod is made again with, and its times (the TTL counts on while it sleeps).
- */
-export interface SleptBox {
-  image: string;
-  cpu: string;
-  memory: string;
-  runtimeClassName?: string;
-  serviceAccountName?: string;
-  createdAt: string;
-  expiresAt: string;
-  ttlSeconds: number;
-  sleptAt: string;
-  /** The pool seat the box holds while it sleeps (its seat Secret stays, owned by the record). */
-  seat?: number;
+/** The status of a box that has no pod now (docs/lifecycle.md): asleep, being woken, or failed. */
+export function podlessStatus(record: V1Secret): 'Sleeping' | 'Pending' | 'Failed' {
+  const state = stateOf(record);
+  return state === 'failed' ? 'Failed' : state === 'waking' ? 'Pending' : 'Sleeping';
 }
 
-export function sleptBoxOf(record: V1Secret | undefined): SleptBox | undefined {
-  const raw = record?.metadata?.annotations?.[ANNOTATIONS.sleepBox];
-  if (!raw) return undefined;
-  try {
-    return JSON.parse(raw) as SleptBox;
-  } catch {
-    return undefined;
-  }
-}
-
-/** GET /boxes/{id}/status of a sleeping box: no pod, so no pod fields. */
+/** GET /boxes/{id}/status of a box without a pod: no pod fields. */
 export function sleepingStatus(record: V1Secret, now = new Date()) {
   const slept = sleptBoxOf(record);
   const created = slept?.createdAt ?? iso(record.metadata?.creationTimestamp);
@@ -122,7 +101,7 @@ export function sleepingStatus(record: V1Secret, now = new Date()) {
     pod_name: '',
     namespace: record.metadata?.namespace ?? '',
     session_id: record.metadata?.annotations?.[ANNOTATIONS.sessionId] ?? '',
-    status: 'Sleeping' as const,
+    status: podlessStatus(record),
     phase: '',
     node: '',
     image: slept?.image ?? '',
@@ -136,6 +115,7 @@ export function sleepingStatus(record: V1Secret, now = new Date()) {
     pod_ip: '',
     conditions: [],
     snapshot_id: record.metadata?.annotations?.[ANNOTATIONS.sleepSnapshot] ?? '',
+    ...(stateOf(record) === 'failed' ? { failure: record.metadata?.annotations?.[ANNOTATIONS.failure] ?? 'unknown' } : {}),
   };
 }
 

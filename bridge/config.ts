@@ -1,7 +1,6 @@
 // Bridge configuration: environment variables, validated with zod at start-up. A bad value
 // stops the process with a message naming the variable.
-import { readFileSync } from 'node:fs';
-import { ConfigError, configProblems, readBoxdKey } from '../common/config.js';
+import { ConfigError, configProblems, readBoxdKey, readSnapshotKeys } from '../common/config.js';
 import { z } from 'zod';
 import { LOG_LEVELS } from '../common/logger.js';
 import { ObjectStoreConfigSchema, objectStoreProblems } from '../common/object-store.js';
@@ -78,7 +77,8 @@ export const ConfigSchema = z
     SNAPSHOT_ENCRYPTION_KEY: z.string().optional(),
     SNAPSHOT_ENCRYPTION_KEY_FILE: z.string().optional(),
     /** Most entries (files, dirs, links) a snapshot may restore into a box. */
-    SNAPSHOT_MAX_ENTRIES: int(1_000_000, 1),
+    /** How long a box lease (a wake) lives unrenewed before another party may take it over (docs/lifecycle.md). */
+    BOX_LEASE_SECONDS: int(30, 5),
   })
   .extend(ObjectStoreConfigSchema.shape);
 
@@ -105,22 +105,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   return parsed.data;
 }
 
-/**
- * The keys sealing snapshot envs, from SNAPSHOT_ENCRYPTION_KEY or its file (one per line, the
- * first seals); empty when neither is set.
- */
+/** The keys sealing snapshot envs (common/config.ts readSnapshotKeys). */
 export function snapshotKeys(config: Pick<Config, 'SNAPSHOT_ENCRYPTION_KEY' | 'SNAPSHOT_ENCRYPTION_KEY_FILE'>): string[] {
-  let text = config.SNAPSHOT_ENCRYPTION_KEY;
-  if (text === undefined && config.SNAPSHOT_ENCRYPTION_KEY_FILE) {
-    try {
-      text = readFileSync(config.SNAPSHOT_ENCRYPTION_KEY_FILE, 'utf8');
-    } catch (err) {
-      throw new ConfigError('bridge', [`SNAPSHOT_ENCRYPTION_KEY_FILE: cannot read ${config.SNAPSHOT_ENCRYPTION_KEY_FILE} (${(err as Error).message})`]);
-    }
-  }
-  const keys = (text ?? '').split('\n').map((k) => k.trim()).filter(Boolean);
-  if (keys.some((k) => k.length < 32)) throw new ConfigError('bridge', ['SNAPSHOT_ENCRYPTION_KEY: every key must be at least 32 characters']);
-  return keys;
+  return readSnapshotKeys('bridge', config.SNAPSHOT_ENCRYPTION_KEY, config.SNAPSHOT_ENCRYPTION_KEY_FILE);
 }
 
 /** The boxd key as bytes, from BOXD_KEY or BOXD_KEY_FILE. */

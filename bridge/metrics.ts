@@ -20,7 +20,7 @@ export interface BridgeMetrics {
   kubeErrors: Counter<'operation' | 'code'>;
   snapshotDuration: Histogram<'operation' | 'outcome'>;
   snapshotBytes: Counter<'operation'>;
-  sleeps: Counter<'outcome'>;
+  fencesMet: Counter<'outcome'>;
   wakes: Counter<'path' | 'outcome'>;
   wakeDuration: Histogram<'path'>;
 }
@@ -161,15 +161,17 @@ export function createMetrics(activeBoxes: () => number = () => 0, state: Metric
       labelNames: ['operation'],
       registers: [registry],
     }),
-    sleeps: new Counter({
-      name: 'sandbox_bridge_box_sleeps_total',
-      help: 'Idle sleeps tried, by outcome: slept, active (a call came in), busy (a background process keeps it awake), error (e.g. the store is down; the box keeps running)',
+    fencesMet: new Counter({
+      name: 'sandbox_bridge_box_fences_met_total',
+      help:
+        'Calls that met an idle sleep\'s write fence (docs/lifecycle.md), by what followed: aborted (the sleep gave up, the box ran on), ' +
+        'slept (the sleep had deleted the pod; the call woke the box), taken_over (the sleeper had stopped; this replica lifted the fence)',
       labelNames: ['outcome'],
       registers: [registry],
     }),
     wakes: new Counter({
       name: 'sandbox_bridge_box_wakes_total',
-      help: 'Sleeping boxes woken by a call, by path (warm: a warm pod claimed, cold: a new pod) and outcome (ok, error)',
+      help: 'Sleeping boxes woken by a call, by path (warm: a warm pod claimed, cold: a new pod) and outcome (ok, error, failed: its snapshot was gone)',
       labelNames: ['path', 'outcome'],
       registers: [registry],
     }),

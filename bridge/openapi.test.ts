@@ -90,7 +90,7 @@ test('schemas come from zod: answers forbid undocumented fields, queries are the
   expect(doc.components.schemas.ExecRequest).toMatchObject({ required: ['command'], properties: { timeoutMs: { default: 120000, maximum: 600000 } } });
   const list = doc.paths['/sandboxes']!.get!.parameters!;
   expect(list.map((p) => p.name)).toEqual(['session_id', 'status', 'limit', 'continue']);
-  expect(list.find((p) => p.name === 'status')).toMatchObject({ in: 'query', required: false, schema: { enum: ['Pending', 'Running', 'Sleeping', 'Terminated'] } });
+  expect(list.find((p) => p.name === 'status')).toMatchObject({ in: 'query', required: false, schema: { enum: ['Pending', 'Running', 'Sleeping', 'Failed', 'Terminated'] } });
   expect(doc.paths['/boxes/{id}/files']!.get!.parameters!.find((p) => p.name === 'path')).toMatchObject({ required: true });
   expect(doc.paths['/boxes']!.post!.parameters).toEqual([expect.objectContaining({ name: 'Idempotency-Key', in: 'header', required: false })]);
   expect(doc.paths['/boxes/{id}']!.delete!.security).toEqual([{ bearer: ['boxes:write'] }]);

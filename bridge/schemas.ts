@@ -189,7 +189,12 @@ export const BoxStatus = z.object({
   pod_name: z.string(),
   namespace: z.string(),
   session_id: z.string(),
-  status: z.enum(['Pending', 'Running', 'Sleeping', 'Terminated']).describe('Sleeping: idle, its workspace in a snapshot and no pod; the next call wakes it'),
+  status: z
+    .enum(['Pending', 'Running', 'Sleeping', 'Failed', 'Terminated'])
+    .describe(
+      'Sleeping: idle, its workspace in a snapshot and no pod; the next call from a boxes:write token wakes it (Pending while it wakes). ' +
+        'Failed: its workspace was lost (the reason in failure); calls answer 409; delete it (docs/lifecycle.md)',
+    ),
   phase: z.string(),
   node: z.string(),
   image: z.string(),
@@ -203,6 +208,7 @@ export const BoxStatus = z.object({
   pod_ip: z.string(),
   conditions: z.array(Condition),
   snapshot_id: z.string().optional().describe('While Sleeping: the snapshot its workspace is in'),
+  failure: z.string().optional().describe('When Failed: why'),
 });
 
 export const Snapshot = z.object({

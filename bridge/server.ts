@@ -36,8 +36,9 @@ import { ExecService } from './services/exec.js';
 import { FileService } from './services/files.js';
 import { ProcessService } from './services/processes.js';
 import { EnvSealer } from '../common/env-seal.js';
-import { SleepService } from './services/sleep.js';
 import { SnapshotService } from './services/snapshots.js';
+import { SnapshotStore } from './services/snapshot-store.js';
+import { BoxLeases } from '../common/box-lease.js';
 import { objectStoreFrom } from '../common/object-store.js';
 import { TerminalService } from './services/terminal.js';
 
@@ -138,7 +139,38 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     },
     onWarmMiss: () => metrics.warmMisses.inc(),
   });
-  const connector = new BoxConnector({ boxes, cache, boxd, key, namespace, startTimeoutMs: config.BOX_START_TIMEOUT_MS });
+  const store = objectStoreFrom(config);
+  const sealKeys = snapshotKeys(config);
+  const snapshotStore = new SnapshotStore({
+    boxd,
+    policy,
+    store,
+    sealer: sealKeys.length ? new EnvSealer(sealKeys) : undefined,
+    onRestored: (outcome, seconds, bytes) => {
+      metrics.snapshotDuration.observe({ operation: 'restore', outcome }, seconds);
+      metrics.snapshotBytes.inc({ operation: 'restore' }, bytes);
+    },
+  });
+  const connector = new BoxConnector({
+    boxes,
+    cache,
+    records,
+    leases: new BoxLeases({ records, identity: BoxConnector.identity, durationMs: config.BOX_LEASE_SECONDS * 1000 }),
+    boxd,
+    snapshots: snapshotStore,
+    policy,
+    core,
+    call,
+    key,
+    namespace,
+    startTimeoutMs: config.BOX_START_TIMEOUT_MS,
+    log,
+    onWoken: (path, outcome, seconds) => {
+      metrics.wakes.inc({ path, outcome });
+      if (outcome === 'ok') metrics.wakeDuration.observe({ path }, seconds);
+    },
+    onFenced: (outcome) => metrics.fencesMet.inc({ outcome }),
+  });
   const exec = new ExecService({
     connector,
     boxd,
@@ -157,45 +189,19 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   });
   const processes = new ProcessService({ connector, boxd, maxProcessesPerBox: config.MAX_PROCESSES_PER_BOX });
   const env = new EnvService({ connector, boxd, records });
-  const store = objectStoreFrom(config);
-  const sealKeys = snapshotKeys(config);
   const snapshots = new SnapshotService({
     connector,
     boxd,
+    snapshots: snapshotStore,
     boxes,
     env,
     records,
     policy,
-    store,
-    sealer: sealKeys.length ? new EnvSealer(sealKeys) : undefined,
-    maxEntries: config.SNAPSHOT_MAX_ENTRIES,
     onDone: (operation, outcome, seconds, bytes) => {
       metrics.snapshotDuration.observe({ operation, outcome }, seconds);
       metrics.snapshotBytes.inc({ operation }, bytes);
     },
   });
-  const sleep = new SleepService({
-    core,
-    call,
-    cache,
-    sleeping,
-    records,
-    boxes,
-    boxd,
-    connector,
-    snapshots,
-    policy,
-    namespace,
-    boxdKey: key,
-    log,
-    onSlept: (outcome) => metrics.sleeps.inc({ outcome }),
-    onWoken: (path, outcome, seconds) => {
-      metrics.wakes.inc({ path, outcome });
-      if (outcome === 'ok') metrics.wakeDuration.observe({ path }, seconds);
-    },
-  });
-  connector.useSleep(sleep);
-  sleep.start();
   if (!store) log.info('no object store configured (OBJECT_STORE_BUCKET): snapshot routes answer 501');
   const cluster = new ClusterService({
     core,
@@ -286,7 +292,6 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       await Promise.race([closed, grace]);
       apiServer.closeAllConnections();
       terminals.close();
-      sleep.stop();
       sleeping.stop();
       boxd.close();
       store?.close();

@@ -255,3 +255,64 @@ export function buildBoxSecret(p: {
 function base64(text: string): string {
   return Buffer.from(text, 'utf8').toString('base64');
 }
+
+/**
+ * What a sleeping box's record keeps of it (annotation sandbox-bridge.io/sleep-box): the shape
+ * its pod is made again with, and its times (the TTL counts on while it sleeps).
+ */
+export interface SleptBox {
+  image: string;
+  cpu: string;
+  memory: string;
+  runtimeClassName?: string;
+  serviceAccountName?: string;
+  createdAt: string;
+  expiresAt: string;
+  ttlSeconds: number;
+  sleptAt: string;
+  /** The pool seat the box holds while it sleeps (its seat Secret stays, owned by the record). */
+  seat?: number;
+}
+
+export function sleptBoxOf(record: V1Secret | undefined): SleptBox | undefined {
+  const raw = record?.metadata?.annotations?.[ANNOTATIONS.sleepBox];
+  if (!raw) return undefined;
+  try {
+    return JSON.parse(raw) as SleptBox;
+  } catch {
+    return undefined;
+  }
+}
+
+/** What of a box pod its record keeps while the box sleeps. */
+export function sleptBoxFromPod(pod: V1Pod, now: Date, defaultTtlSeconds: number): SleptBox {
+  const c = pod.spec?.containers.find((x) => x.name === BOX_CONTAINER) ?? pod.spec?.containers[0];
+  const a = pod.metadata?.annotations ?? {};
+  const created = a[ANNOTATIONS.createdAt] ?? pod.metadata?.creationTimestamp;
+  const seat = Number(pod.metadata?.labels?.[LABELS.seat]);
+  const ttl = Number(a[ANNOTATIONS.ttlSeconds]);
+  return {
+    image: c?.image ?? '',
+    cpu: String(c?.resources?.limits?.cpu ?? ''),
+    memory: String(c?.resources?.limits?.memory ?? ''),
+    ...(pod.spec?.runtimeClassName ? { runtimeClassName: pod.spec.runtimeClassName } : {}),
+    // The API server names `default` for a pod that names none: that is no request of the box's.
+    ...(pod.spec?.serviceAccountName && pod.spec.serviceAccountName !== 'default' ? { serviceAccountName: pod.spec.serviceAccountName } : {}),
+    createdAt: created ? new Date(created).toISOString() : now.toISOString(),
+    expiresAt: a[ANNOTATIONS.expiresAt] ?? '',
+    ttlSeconds: Number.isFinite(ttl) && ttl > 0 ? ttl : defaultTtlSeconds,
+    sleptAt: now.toISOString(),
+    ...(Number.isInteger(seat) && pod.metadata?.labels?.[LABELS.seat] !== undefined ? { seat } : {}),
+  };
+}
+
+/** The shape a slept box's pod is made again with. */
+export function shapeOfSlept(slept: SleptBox): BoxShape {
+  return {
+    image: slept.image,
+    cpuCores: parseQuantity(slept.cpu),
+    memoryBytes: parseQuantity(slept.memory),
+    runtimeClassName: slept.runtimeClassName,
+    serviceAccountName: slept.serviceAccountName,
+  };
+}

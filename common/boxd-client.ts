@@ -25,7 +25,7 @@ export class BoxdUnreachableError extends Error {
 
 /**
  * boxd refused a mutating call because a sleep holds the box's fence (PROTOCOL.md "Fence"):
- * nothing of the call ran. The caller aborts the sleep or waits for it (bridge/services/box-targets.ts).
+ * nothing of the call ran. The caller aborts the sleep or waits for it (bridge/services/box-connector.ts).
  */
 export class BoxdFencedError extends BridgeError {
   constructor(
@@ -140,7 +140,7 @@ export class BoxdClient {
   }
 
   /** How many calls boxd is serving now (idle sleep leaves a box with any at work awake). */
-  activity(t: BoxdTarget, signal?: AbortSignal): Promise<{ calls: number }> {
+  activity(t: BoxdTarget, signal?: AbortSignal): Promise<{ calls: number; fence: number }> {
     return this.json(t, 'GET', '/v1/activity', { signal });
   }
 

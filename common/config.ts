@@ -42,3 +42,21 @@ export function readBoxdKey(program: string, key: string | undefined, file: stri
   if (!value || value.length < 32) throw new ConfigError(program, ['BOXD_KEY: must be at least 32 characters']);
   return Buffer.from(value, 'utf8');
 }
+
+/**
+ * The keys sealing snapshot envs, from SNAPSHOT_ENCRYPTION_KEY or its file (one per line, the
+ * first seals); empty when neither is set.
+ */
+export function readSnapshotKeys(program: string, key: string | undefined, file: string | undefined): string[] {
+  let text = key;
+  if (text === undefined && file) {
+    try {
+      text = readFileSync(file, 'utf8');
+    } catch (err) {
+      throw new ConfigError(program, [`SNAPSHOT_ENCRYPTION_KEY_FILE: cannot read ${file} (${(err as Error).message})`]);
+    }
+  }
+  const keys = (text ?? '').split('\n').map((k) => k.trim()).filter(Boolean);
+  if (keys.some((k) => k.length < 32)) throw new ConfigError(program, ['SNAPSHOT_ENCRYPTION_KEY: every key must be at least 32 characters']);
+  return keys;
+}

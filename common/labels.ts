@@ -43,7 +43,7 @@ export const ANNOTATIONS = {
   warmTemplate: `${API_GROUP}/warm-template`,
   /**
    * On a box pod: RFC 3339 instant of the last bridge call, written at most every few seconds
-   * (bridge/services/box-targets.ts); a call that meets a sleep's fence writes it at once.
+   * (bridge/services/box-connector.ts); a call that meets a sleep's fence writes it at once.
    */
   lastActive: `${API_GROUP}/last-active`,
   /** On a sleeping box's record: the snapshot its workspace is in. */
@@ -54,8 +54,6 @@ export const ANNOTATIONS = {
   epoch: `${API_GROUP}/epoch`,
   /** On a sleeping box's record: the shape its pod is made again with (JSON, bridge/box-pod.ts SleptBox). */
   sleepBox: `${API_GROUP}/sleep-box`,
-  /** TEMPORARY: the replaced sleep mark, until bridge/services/sleep.ts is gone. */
-  sleepBy: `${API_GROUP}/sleep-by`,
   /** On a Failed box's record: why. */
   failure: `${API_GROUP}/failure`,
 } as const;

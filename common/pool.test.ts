@@ -24,7 +24,7 @@ function schemaDefaults(schema: Schema, path = ''): Map<string, unknown> {
 /** Leaf values by dotted path (arrays and label maps are leaves). */
 function leaves(value: unknown, path = ''): Map<string, unknown> {
   const found = new Map<string, unknown>();
-  if (value && typeof value === 'object' && !Array.isArray(value) && !path.endsWith('podLabels')) {
+  if (value && typeof value === 'object' && !Array.isArray(value) && !/podLabels$/i.test(path)) {
     for (const [name, child] of Object.entries(value)) for (const [p, v] of leaves(child, path ? `${path}.${name}` : name)) found.set(p, v);
   } else found.set(path, value);
   return found;
@@ -69,12 +69,13 @@ test("the chart's values seed the default pool with POOL_DEFAULTS", () => {
     'egress.dns.cidrs': (pool.egress.dns as Record<string, unknown>).cidrs,
     'snapshots.retentionSeconds': (pool.snapshots as Record<string, unknown>).retentionSeconds,
     'snapshots.onDelete': (pool.snapshots as Record<string, unknown>).onDelete,
+    'snapshots.maxEntries': (pool.snapshots as Record<string, unknown>).maxEntries,
     'warm.count': (pool.warm as Record<string, unknown>).count,
     'warm.windowSeconds': (pool.warm as Record<string, unknown>).windowSeconds,
     'idle.sleepAfterSeconds': (pool.idle as Record<string, unknown>).sleepAfterSeconds,
   };
   // The chart leaves these to the CRD's defaults, or (the bridge) sets them from the release.
-  const notSeeded = ['box.workspaceSizeLimit', 'box.tmpSizeLimit', 'bridge.namespace', 'bridge.podLabels'];
+  const notSeeded = ['box.workspaceSizeLimit', 'box.tmpSizeLimit', 'bridge.namespace', 'bridge.podLabels', 'bridge.operatorPodLabels'];
   expect([...Object.keys(seeded), ...notSeeded].sort()).toEqual([...defaults.keys()].sort());
   for (const [path, value] of Object.entries(seeded)) expect({ path, value }).toEqual({ path, value: defaults.get(path) });
   const template = readFileSync(join(CHART, 'templates/sandboxpool.yaml'), 'utf8');

@@ -70,10 +70,14 @@ export interface WarmPolicy {
   runtimeClassName?: string;
 }
 
-/** Where the bridge pods run: the only peers a box admits, and only to boxd's port. */
+/**
+ * Where the bridge and operator pods run: the only peers a box admits, and only to boxd's port
+ * (the operator's idle sleep fences boxd and streams the workspace, docs/lifecycle.md).
+ */
 export interface BridgePeers {
   namespace: string;
   podLabels: Record<string, string>;
+  operatorPodLabels: Record<string, string>;
 }
 
 /** Snapshots of boxes in the object store (docs/snapshots.md). */
@@ -198,6 +202,7 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
   bridge: {
     namespace: 'sandbox-bridge',
     podLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'bridge' },
+    operatorPodLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'operator' },
   },
   // The agent platform's default backup retention (7 days).
   snapshots: { retentionSeconds: 7 * 24 * 3600, onDelete: false, maxEntries: 1_000_000 },

@@ -58,7 +58,7 @@ test('limit range matches the box maxima and defaults', () => {
   });
 });
 
-test('network policy: ingress only from the bridge pods to boxd; egress DNS on 53 plus allowed-minus-denied', () => {
+test('network policy: ingress only from the bridge and operator pods to boxd; egress DNS on 53 plus allowed-minus-denied', () => {
   const np = desiredNetworkPolicy(pool());
   expect(np.spec).toEqual({
     podSelector: {},
@@ -69,6 +69,10 @@ test('network policy: ingress only from the bridge pods to boxd; egress DNS on 5
           {
             namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'sandbox-bridge' } },
             podSelector: { matchLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'bridge' } },
+          },
+          {
+            namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'sandbox-bridge' } },
+            podSelector: { matchLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'operator' } },
           },
         ],
         ports: [{ protocol: 'TCP', port: BOXD_PORT }],
@@ -102,16 +106,17 @@ test('network policy: ingress only from the bridge pods to boxd; egress DNS on 5
   });
 });
 
-test('the pool names the bridge and DNS peers; allowing ::/0 brings the IPv6 denials in', () => {
+test('the pool names the bridge, operator and DNS peers; allowing ::/0 brings the IPv6 denials in', () => {
   const np = desiredNetworkPolicy(
     pool({
-      bridge: { namespace: 'sb', podLabels: { app: 'b' } },
+      bridge: { namespace: 'sb', podLabels: { app: 'b' }, operatorPodLabels: { app: 'o' } },
       egress: { ...POOL_DEFAULTS.egress, allowedCIDRs: ['0.0.0.0/0', '::/0'], dns: { namespace: 'dns', podLabels: { app: 'coredns' }, cidrs: [] } },
     }),
   );
   const spec = np.spec as k8s.V1NetworkPolicySpec;
   expect(spec.ingress?.[0]?._from).toEqual([
     { namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'sb' } }, podSelector: { matchLabels: { app: 'b' } } },
+    { namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'sb' } }, podSelector: { matchLabels: { app: 'o' } } },
   ]);
   expect(spec.egress?.[0]?.to).toEqual([
     { namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'dns' } }, podSelector: { matchLabels: { app: 'coredns' } } },

@@ -102,8 +102,8 @@ export function desiredLimitRange(pool: SandboxPool): Child {
 const NAMESPACE_NAME_LABEL = 'kubernetes.io/metadata.name';
 
 /**
- * Every pod in the (dedicated) sandbox namespace. Ingress: only the bridge pods, only to boxd's
- * port. Egress: cluster DNS on port 53 (the DNS pods, and node-local caches by address), and the
+ * Every pod in the (dedicated) sandbox namespace. Ingress: only the bridge and operator pods,
+ * only to boxd's port. Egress: cluster DNS on port 53 (the DNS pods, and node-local caches by address), and the
  * allowed CIDRs as the denied ones narrow them. Traffic from the node itself (kubelet probes, a
  * bridge running on the node) is not subject to NetworkPolicy in the enforcers we know.
  */
@@ -135,6 +135,10 @@ export function desiredNetworkPolicy(pool: SandboxPool): Child {
         {
           namespaceSelector: { matchLabels: { [NAMESPACE_NAME_LABEL]: bridge.namespace } },
           podSelector: { matchLabels: bridge.podLabels },
+        },
+        {
+          namespaceSelector: { matchLabels: { [NAMESPACE_NAME_LABEL]: bridge.namespace } },
+          podSelector: { matchLabels: bridge.operatorPodLabels },
         },
       ],
       ports: [{ protocol: 'TCP', port: BOXD_PORT }],

@@ -1,6 +1,6 @@
 // Operator configuration from the environment, validated up front so a bad value stops the
 // process with a message naming the variable instead of failing later.
-import { ConfigError, configProblems, readBoxdKey } from '../common/config.js';
+import { ConfigError, configProblems, readBoxdKey, readSnapshotKeys } from '../common/config.js';
 import { existsSync, readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
@@ -60,6 +60,16 @@ export const ConfigSchema = z.object({
   BOXD_IMAGE: z.string().min(1).optional(),
   BOXD_KEY: z.string().optional(),
   BOXD_KEY_FILE: z.string().min(1).optional(),
+  /**
+   * Idle sleep (operator/idle-sleep.ts) needs the object store, the boxd key and the keys that
+   * seal a snapshot's env — the bridge's SNAPSHOT_ENCRYPTION_KEY(_FILE). Without them boxes never sleep.
+   */
+  SNAPSHOT_ENCRYPTION_KEY: z.string().optional(),
+  SNAPSHOT_ENCRYPTION_KEY_FILE: z.string().min(1).optional(),
+  /** Boxes put to sleep at once (each streams its workspace to the store). */
+  SLEEP_WORKERS: positiveInt.max(32).default(2),
+  /** How long a box lease (sleep, wake) lives unrenewed before another party may take it over. */
+  BOX_LEASE_SECONDS: positiveInt.min(5).max(600).default(30),
 }).extend(ObjectStoreConfigSchema.shape);
 
 export type OperatorConfig = z.infer<typeof ConfigSchema> & {
@@ -68,6 +78,8 @@ export type OperatorConfig = z.infer<typeof ConfigSchema> & {
   webhooks: { endpoints: WebhookEndpoint[]; signingKey?: string };
   /** From BOXD_IMAGE and BOXD_KEY(_FILE): what warm boxes need. */
   boxd?: { image: string; key: Buffer };
+  /** From SNAPSHOT_ENCRYPTION_KEY(_FILE): sealing the env of idle-sleep snapshots. */
+  snapshotKeys: string[];
 };
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): OperatorConfig {
@@ -83,7 +95,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): OperatorConfig
   const hasKey = c.BOXD_KEY !== undefined || c.BOXD_KEY_FILE !== undefined;
   if (Boolean(c.BOXD_IMAGE) !== hasKey) throw new ConfigError('operator', ['BOXD_IMAGE and BOXD_KEY (or BOXD_KEY_FILE): set both, for warm boxes, or neither']);
   const boxd = c.BOXD_IMAGE ? { image: c.BOXD_IMAGE, key: readBoxdKey('operator', c.BOXD_KEY, c.BOXD_KEY_FILE) } : undefined;
-  return { ...c, identity: `${c.POD_NAME ?? hostname()}_${randomUUID().slice(0, 8)}`, webhooks: readWebhooks(c), ...(boxd ? { boxd } : {}) };
+  const snapshotKeys = readSnapshotKeys('operator', c.SNAPSHOT_ENCRYPTION_KEY, c.SNAPSHOT_ENCRYPTION_KEY_FILE);
+  return { ...c, identity: `${c.POD_NAME ?? hostname()}_${randomUUID().slice(0, 8)}`, webhooks: readWebhooks(c), snapshotKeys, ...(boxd ? { boxd } : {}) };
 }
 
 function readWebhooks(c: z.infer<typeof ConfigSchema>): OperatorConfig['webhooks'] {

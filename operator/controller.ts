@@ -15,6 +15,9 @@ import { BoxHealthMonitor } from './health-monitor.js';
 import type { OperatorMetrics } from './metrics.js';
 import { PoolReconciler, SeenBoxes, type Caches, type Lister, type ReconcileResult } from './pool-reconciler.js';
 import { SnapshotRetentionReconciler } from './snapshot-retention.js';
+import { IdleSleepReconciler } from './idle-sleep.js';
+import { BoxdClient } from '../common/boxd-client.js';
+import type { EnvSealer } from '../common/env-seal.js';
 import type { ObjectStore } from '../common/object-store.js';
 import type { WebhookNotifier } from './webhooks.js';
 import { WorkQueue } from './work-queue.js';
@@ -39,6 +42,11 @@ export interface ControllerOptions {
   snapshots?: { store: ObjectStore; sweepIntervalMs: number; incompleteGraceMs: number };
   /** The boxd image and credential key warm boxes are made with; without them none are kept. */
   boxd?: { image: string; key: Buffer };
+  /**
+   * Idle sleep (operator/idle-sleep.ts): with the object store, the boxd key and the snapshot
+   * env sealer, a third reconciler puts idle boxes to sleep and resumes abandoned leases.
+   */
+  sleep?: { sealer: EnvSealer; leaseMs: number; workers: number };
 }
 
 interface Reconciler {
@@ -52,8 +60,12 @@ export class Controller {
   private readonly informers: Array<ResilientInformer<k8s.KubernetesObject>> = [];
   private readonly pools: ResilientInformer<SandboxPool & k8s.KubernetesObject>;
   private readonly pods: ScopedCache<k8s.V1Pod>;
+  private readonly secrets: ScopedCache<PartialObjectMetadata>;
   private readonly reconciler: PoolReconciler;
   private readonly retention: SnapshotRetentionReconciler | undefined;
+  private readonly sleeper: IdleSleepReconciler | undefined;
+  /** Idle sleep's queue: one key per box, `<namespace>/<box id>`. */
+  private sleepQueue: WorkQueue | undefined;
   private readonly health: BoxHealthMonitor;
   private readonly seenBoxes = new SeenBoxes();
   private queue: WorkQueue | undefined;
@@ -127,6 +139,7 @@ export class Controller {
     // reader here needs only labels, annotations, owners and timestamps (reaper, warm pool, box
     // count, snapshot retention). Whole Secrets, 500 to a page, could pass the operator's memory limit.
     const secrets = scopedMetadata('secrets', BOX_SELECTOR, { trim: slim, timeoutMs: LIST_TIMEOUT_MS });
+    this.secrets = secrets;
     // With namespaced RBAC the operator may read only the pool namespaces, by name (resourceNames),
     // which the API server allows for lists and watches with a metadata.name field selector.
     const namespaceCache = new ScopedCache<k8s.V1Namespace>(
@@ -166,11 +179,16 @@ export class Controller {
         if (event === 'delete') this.health.forget(pod);
         else slim(this.observed(pod));
         this.enqueueNamespace(pod.metadata?.namespace);
+        this.sleeper?.observePod(pod, event === 'delete');
+        const key = this.sleeper?.keyOf(pod, 'Pod');
+        if (key) this.sleepQueue?.add(key);
       });
       secrets.on(event, (s) => {
         if (event !== 'delete') slim(s);
         if (event !== 'delete' && this.queue) this.seenBoxesFor(s);
         this.enqueueNamespace(s.metadata?.namespace);
+        const key = this.sleeper?.keyOf(s, 'Secret');
+        if (key) this.sleepQueue?.add(key);
       });
       for (const child of [namespaceCache, quotas, limits, policies] as Array<ScopedCache<k8s.KubernetesObject>>) {
         child.on(event, (obj) => {
@@ -211,6 +229,23 @@ export class Controller {
         log: o.log.child({ component: 'snapshot-retention' }),
       });
     }
+    if (o.sleep && o.snapshots && o.boxd) {
+      this.sleeper = new IdleSleepReconciler({
+        core: makeApiClient(o.kc, k8s.CoreV1Api, 15_000),
+        pods: this.pods,
+        secrets,
+        poolOf: (ns) => this.pools.list().find((p) => p.spec?.namespace === ns),
+        boxd: new BoxdClient(),
+        key: o.boxd.key,
+        store: o.snapshots.store,
+        sealer: o.sleep.sealer,
+        identity: o.identity,
+        leaseMs: o.sleep.leaseMs,
+        events,
+        metrics: o.metrics,
+        log: o.log.child({ component: 'idle-sleep' }),
+      });
+    }
   }
 
   /** Starts every watch; resolves when all caches are filled. */
@@ -239,6 +274,8 @@ export class Controller {
     this.queue = queue;
     const retentionQueue = this.retention ? new WorkQueue({ maxBackoffMs: 300_000 }) : undefined;
     this.retentionQueue = retentionQueue;
+    const sleepQueue = this.sleeper ? new WorkQueue({ maxBackoffMs: 300_000 }) : undefined;
+    this.sleepQueue = sleepQueue;
     const workers = this.o.workers ?? 2;
     void this.startCaches().then(() => {
       if (this.queue !== queue) return;
@@ -248,6 +285,21 @@ export class Controller {
       }
       this.running = Array.from({ length: workers }, () => this.work(queue, this.reconciler));
       if (retentionQueue && this.retention) this.running.push(this.work(retentionQueue, this.retention));
+      if (sleepQueue && this.sleeper) {
+        // Every box once (level-based: each finds out when it falls due), then on events.
+        for (const pod of this.pods.list()) {
+          this.sleeper.observePod(pod, false);
+          const key = this.sleeper.keyOf(pod, 'Pod');
+          if (key) sleepQueue.add(key);
+        }
+        for (const pool of this.pools.list()) {
+          for (const s of this.secrets.list(pool.spec?.namespace)) {
+            const key = this.sleeper.keyOf(s, 'Secret');
+            if (key) sleepQueue.add(key);
+          }
+        }
+        for (let i = 0; i < (this.o.sleep?.workers ?? 2); i++) this.running.push(this.work(sleepQueue, this.sleeper));
+      }
       this.health.startLeading();
       this.log.info({ workers }, 'workers started');
     });
@@ -262,6 +314,8 @@ export class Controller {
     queue.shutDown();
     this.retentionQueue?.shutDown();
     this.retentionQueue = undefined;
+    this.sleepQueue?.shutDown();
+    this.sleepQueue = undefined;
     await Promise.all(this.running);
     this.running = [];
     this.log.info('workers stopped');
@@ -345,11 +399,12 @@ function slim<T extends k8s.KubernetesObject & { spec?: unknown; status?: unknow
   if (obj.data !== undefined) obj.data = undefined;
   if (obj.stringData !== undefined) obj.stringData = undefined;
   if (obj.spec !== undefined) obj.spec = undefined;
-  const status = obj.status as { phase?: string; conditions?: Array<{ type: string; status: string }> } | undefined;
+  const status = obj.status as { phase?: string; podIP?: string; conditions?: Array<{ type: string; status: string }> } | undefined;
   if (status && typeof status === 'object') {
-    // The Ready condition tells warm boxes that can be claimed (operator/warm-pool.ts).
+    // The Ready condition tells warm boxes that can be claimed (operator/warm-pool.ts); the pod
+    // IP is where idle sleep reaches the box's boxd (operator/idle-sleep.ts).
     const ready = status.conditions?.find((c) => c.type === 'Ready');
-    obj.status = { phase: status.phase, ...(ready ? { conditions: [{ type: 'Ready', status: ready.status }] } : {}) } as T['status'];
+    obj.status = { phase: status.phase, ...(status.podIP ? { podIP: status.podIP } : {}), ...(ready ? { conditions: [{ type: 'Ready', status: ready.status }] } : {}) } as T['status'];
   }
   return obj;
 }

@@ -9,6 +9,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import type * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import { apiMessage, isConflict } from '../common/kube.js';
+import { buildEvent } from '../common/events.js';
 import { KeyedLimiter } from '../common/rate-limit.js';
 import { POOL_API_VERSION, POOL_KIND, type SandboxPool } from '../common/pool.js';
 
@@ -89,23 +90,8 @@ export class EventRecorder {
     }
   }
 
-  private async create(namespace: string, name: string, involvedObject: k8s.V1ObjectReference, event: EventSpec): Promise<void> {
-    const now = new Date(this.now());
-    await this.core.createNamespacedEvent({
-      namespace,
-      body: {
-        metadata: { name, namespace },
-        involvedObject,
-        type: event.type,
-        reason: event.reason,
-        message: event.message.slice(0, 1024),
-        source: { component: EVENT_COMPONENT },
-        reportingComponent: EVENT_COMPONENT,
-        reportingInstance: this.instance,
-        firstTimestamp: now,
-        lastTimestamp: now,
-        count: 1,
-      },
-    });
+  private async create(namespace: string, name: string, involvedObject: k8s.V1ObjectReference & { name: string }, event: EventSpec): Promise<void> {
+    const body = buildEvent({ involved: involvedObject, ...event, component: EVENT_COMPONENT, instance: this.instance, now: new Date(this.now()), name, namespace });
+    await this.core.createNamespacedEvent({ namespace, body });
   }
 }

@@ -20,6 +20,7 @@ import { LeaderElector } from './leader-election.js';
 import { createOperatorMetrics } from './metrics.js';
 import { createWebhooks } from './webhooks.js';
 import { objectStoreFrom } from '../common/object-store.js';
+import { EnvSealer } from '../common/env-seal.js';
 
 async function main(): Promise<void> {
   const config = loadOrExit(() => loadConfig(), 'sandbox-bridge operator: ');
@@ -30,7 +31,9 @@ async function main(): Promise<void> {
 
   const webhooks = createWebhooks(config, log, metrics);
   const store = objectStoreFrom(config);
-  if (!store) log.info('no object store configured (OBJECT_STORE_BUCKET): snapshot retention is off');
+  if (!store) log.info('no object store configured (OBJECT_STORE_BUCKET): snapshot retention and idle sleep are off');
+  const sleeps = store && config.boxd && config.snapshotKeys.length > 0;
+  if (store && !sleeps) log.info('idle sleep is off: it needs BOXD_KEY (and BOXD_IMAGE) and SNAPSHOT_ENCRYPTION_KEY besides the object store');
   const controller = new Controller({
     kc,
     log,
@@ -43,6 +46,7 @@ async function main(): Promise<void> {
     deleteConcurrency: config.REAP_CONCURRENCY,
     orphanGraceMs: config.ORPHAN_SECRET_GRACE_SECONDS * 1000,
     ...(config.boxd ? { boxd: config.boxd } : {}),
+    ...(sleeps ? { sleep: { sealer: new EnvSealer(config.snapshotKeys), leaseMs: config.BOX_LEASE_SECONDS * 1000, workers: config.SLEEP_WORKERS } } : {}),
     stuckPendingMs: config.STUCK_PENDING_SECONDS * 1000,
     ...(webhooks ? { webhooks } : {}),
     ...(store

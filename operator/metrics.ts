@@ -73,6 +73,30 @@ export function createOperatorMetrics(registry = new Registry()) {
       help: 'Pools waiting to be reconciled.',
       registers: [registry],
     }),
+    sleeps: new Counter({
+      name: 'sandbox_operator_sleeps_total',
+      help: 'Idle sleeps tried, by outcome: slept; active or busy (a call or a young background process kept the box awake); too_large (over the pool snapshot limits); error.',
+      labelNames: ['outcome'] as const,
+      registers: [registry],
+    }),
+    sleepDuration: new Histogram({
+      name: 'sandbox_operator_sleep_duration_seconds',
+      help: 'From taking a box lease to its pod deleted, for sleeps that happened.',
+      buckets: [0.25, 0.5, 1, 2, 5, 10, 30, 60, 180, 600],
+      registers: [registry],
+    }),
+    leasesResumed: new Counter({
+      name: 'sandbox_operator_box_leases_resumed_total',
+      help: 'Box leases taken over after their holder stopped renewing them, by the state they were in and what became of the box.',
+      labelNames: ['state', 'outcome'] as const,
+      registers: [registry],
+    }),
+    boxesFailed: new Counter({
+      name: 'sandbox_operator_boxes_failed_total',
+      help: 'Boxes that became Failed (lost their workspace), by reason.',
+      labelNames: ['reason'] as const,
+      registers: [registry],
+    }),
   };
 }
 

@@ -19,7 +19,10 @@ const FenceHeader = "X-Boxd-Fence"
 type gate struct {
 	mu    sync.Mutex
 	epoch uint64 // the fence up, 0 when none
-	calls int64
+	// newest is the newest epoch ever raised or lifted: an older one is from a holder whose
+	// lease was taken over, and may neither fence again nor lift.
+	newest uint64
+	calls  int64
 	// freeze stops (true) or continues (false) the box's background processes: nothing
 	// changes the workspace under a snapshot.
 	freeze func(bool)
@@ -41,20 +44,22 @@ func (g *gate) admit(mutating bool) (done func(), fenced uint64) {
 	}, 0
 }
 
-func (g *gate) busy() int64 {
+// state answers the calls at work and the fence up (0: none).
+func (g *gate) state() (int64, uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.calls
+	return g.calls, g.epoch
 }
 
 // raise puts up the fence of epoch (again: idempotent) and answers the calls at work. An
-// older epoch than the one up is refused: a sleeper that lost its lease must not fence anew.
+// epoch older than the newest seen is refused: a sleeper that lost its lease must not fence anew.
 func (g *gate) raise(epoch uint64) (int64, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if epoch < g.epoch {
-		return 0, errs.Conflict("fence %d is older than the fence %d already up", epoch, g.epoch)
+	if epoch < g.newest {
+		return 0, errs.Conflict("fence %d is older than fence %d", epoch, g.newest)
 	}
+	g.newest = epoch
 	if g.epoch == 0 && g.freeze != nil {
 		g.freeze(true)
 	}
@@ -67,12 +72,13 @@ func (g *gate) lift(epoch uint64) (bool, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	switch {
+	case epoch < g.newest:
+		return false, errs.Conflict("fence %d is newer; %d cannot lift it", g.newest, epoch)
 	case g.epoch == 0:
+		g.newest = epoch
 		return false, nil
-	case epoch < g.epoch:
-		return false, errs.Conflict("fence %d is up; %d cannot lift it", g.epoch, epoch)
 	}
-	g.epoch = 0
+	g.epoch, g.newest = 0, epoch
 	if g.freeze != nil {
 		g.freeze(false)
 	}
@@ -104,7 +110,8 @@ func (s *server) admitted(next http.Handler) http.Handler {
 }
 
 func (s *server) activity(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]int64{"calls": s.gate.busy()})
+	calls, fence := s.gate.state()
+	writeJSON(w, http.StatusOK, map[string]any{"calls": calls, "fence": fence})
 }
 
 func (s *server) raiseFence(w http.ResponseWriter, r *http.Request) {

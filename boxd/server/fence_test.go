@@ -62,6 +62,11 @@ func TestFenceRefusesWritesUntilLifted(t *testing.T) {
 	if _, err := os.Stat(file); !os.IsNotExist(err) {
 		t.Fatalf("a fenced write changed the box: %v", err)
 	}
+	var act struct{ Calls, Fence int64 }
+	decode(t, b.do("GET", "/v1/activity", nil), http.StatusOK, &act)
+	if act.Fence != 5 {
+		t.Fatalf("activity while fenced: %+v", act)
+	}
 	// Reads pass.
 	decode(t, b.do("GET", "/v1/files/list?path="+b.workdir, nil), http.StatusOK, nil)
 	decode(t, b.do("GET", "/v1/processes", nil), http.StatusOK, nil)
@@ -85,6 +90,12 @@ func TestFenceRefusesWritesUntilLifted(t *testing.T) {
 	if !b.lift(12) {
 		t.Fatal("lift(12) did not lift fence 9")
 	}
+	// Once a newer epoch was seen, an older one can neither fence again nor lift (its holder
+	// lost the lease to whoever lifted with 12).
+	wantError(t, b.do("POST", "/v1/fence", jsonBody(map[string]any{"epoch": 10})), http.StatusConflict, "conflict")
+	wantError(t, b.do("DELETE", "/v1/fence?epoch=11", nil), http.StatusConflict, "conflict")
+	b.raise(13)
+	b.lift(13)
 	wantError(t, b.do("GET", "/v1/activity", nil, "X-Boxd-Token", "wrong"), http.StatusUnauthorized, "unauthorized")
 	wantError(t, b.do("POST", "/v1/fence", jsonBody(map[string]any{"epoch": 20}), "X-Boxd-Token", "wrong"), http.StatusUnauthorized, "unauthorized")
 }

@@ -5,7 +5,7 @@ import { KeyedLimiter } from '../../common/rate-limit.js';
 import { authenticate, rateLimitByToken, sourceKey } from './auth.js';
 import { errorHandler } from './errors.js';
 import { requireScope, requiredScope } from './scopes.js';
-import { createTokenSource } from './tokens.js';
+import { createTokenSource, hasScope, type Scope } from './tokens.js';
 
 const READER = 'reader-token-0123456789';
 const WRITER = 'writer-token-0123456789';
@@ -85,7 +85,13 @@ test('403 forbidden names the missing scope; admin passes everything', async () 
 test('the scope table', () => {
   expect(requiredScope('GET', '/health')).toBeUndefined();
   expect(requiredScope('GET', '/openapi.json')).toBeUndefined();
-  expect(requiredScope('GET', '/boxes/b/files')).toBe('boxes:read');
+  // Contents (what is inside a box) need boxes:contents; facts about it boxes:read.
+  for (const path of ['/boxes/b/files', '/boxes/b/files/list', '/boxes/b/archive', '/boxes/b/processes/p1/output', '/boxes/{id}/files', '/boxes/{id}/processes/{pid}/output']) {
+    expect([path, requiredScope('GET', path)]).toEqual([path, 'boxes:contents']);
+  }
+  for (const path of ['/boxes/b/status', '/boxes/b/processes', '/boxes/b/processes/p1', '/snapshots/s1']) {
+    expect([path, requiredScope('GET', path)]).toEqual([path, 'boxes:read']);
+  }
   expect(requiredScope('PUT', '/boxes/b/files')).toBe('boxes:write');
   expect(requiredScope('GET', '/boxes/b/pty')).toBe('boxes:write');
   expect(requiredScope('DELETE', '/boxes/b')).toBe('boxes:write');
@@ -94,6 +100,15 @@ test('the scope table', () => {
   expect(requiredScope('GET', '/sandboxes/metrics')).toBe('sandboxes:read');
   expect(requiredScope('GET', '/sandboxes/x/logs')).toBe('sandboxes:read');
   expect(requiredScope('GET', '/something-new')).toBe('admin');
+});
+
+test('boxes:write implies boxes:contents (it can run cat); nothing else implies anything but admin', () => {
+  const token = (...scopes: Scope[]) => ({ name: 't', scopes: new Set(scopes) });
+  expect(hasScope(token('boxes:write'), 'boxes:contents')).toBe(true);
+  expect(hasScope(token('boxes:read'), 'boxes:contents')).toBe(false);
+  expect(hasScope(token('boxes:contents'), 'boxes:write')).toBe(false);
+  expect(hasScope(token('boxes:contents'), 'boxes:read')).toBe(false);
+  expect(hasScope(token('admin'), 'boxes:contents')).toBe(true);
 });
 
 test('failed attempts count per IPv4 address, and per /64 for IPv6', () => {

@@ -3,9 +3,16 @@
 // added later is closed to scoped tokens until it is placed here.
 import type { RequestHandler } from 'express';
 import { BridgeError } from '../../common/errors.js';
+import { wakePermission } from '../services/box-connector.js';
 import { hasScope, type Scope, type Token } from './tokens.js';
 
 const READ_METHODS = new Set(['GET', 'HEAD']);
+
+/**
+ * Reads that return what is inside a box (files, archives, process output), not facts about it:
+ * they need boxes:contents (docs/tokens.md). Paths as OpenAPI writes them ({id}) or as requested.
+ */
+const CONTENTS = [/^\/boxes\/[^/]+\/files(\/list)?$/, /^\/boxes\/[^/]+\/archive$/, /^\/boxes\/[^/]+\/processes\/[^/]+\/output$/];
 
 /** The scope a request needs; undefined: any valid token. */
 export function requiredScope(method: string, path: string): Scope | undefined {
@@ -13,20 +20,24 @@ export function requiredScope(method: string, path: string): Scope | undefined {
   const read = READ_METHODS.has(method.toUpperCase());
   if (path === '/boxes' || path.startsWith('/boxes/') || path === '/snapshots' || path.startsWith('/snapshots/')) {
     // A terminal is a GET (the WebSocket upgrade) but types commands into the box.
-    return read && !path.endsWith('/pty') ? 'boxes:read' : 'boxes:write';
+    if (!read || path.endsWith('/pty')) return 'boxes:write';
+    return CONTENTS.some((re) => re.test(path)) ? 'boxes:contents' : 'boxes:read';
   }
   if (path.startsWith('/cluster/')) return read ? 'cluster:read' : 'admin';
   if (path === '/sandboxes' || path.startsWith('/sandboxes/')) return read ? 'sandboxes:read' : 'admin';
   return 'admin';
 }
 
-/** Refuses a request whose token lacks the route's scope: 403 forbidden naming the scope. */
+/**
+ * Refuses a request whose token lacks the route's scope: 403 forbidden naming the scope. What the
+ * request may do to a sleeping box follows from the token too: only boxes:write wakes one.
+ */
 export function requireScope(): RequestHandler {
   return (req, res, next) => {
     const token = res.locals.token as Token | undefined;
     const needed = requiredScope(req.method, req.path);
     if (!token) return next(new BridgeError('unauthorized', 'not authenticated'));
-    if (needed === undefined || hasScope(token, needed)) return next();
+    if (needed === undefined || hasScope(token, needed)) return wakePermission.run(hasScope(token, 'boxes:write'), next);
     next(
       new BridgeError(
         'forbidden',

@@ -14,7 +14,7 @@ import type { Logger } from 'pino';
 import { z } from 'zod';
 import { describeIssues } from '../schemas.js';
 
-export const SCOPES = ['boxes:read', 'boxes:write', 'cluster:read', 'sandboxes:read', 'admin'] as const;
+export const SCOPES = ['boxes:read', 'boxes:contents', 'boxes:write', 'cluster:read', 'sandboxes:read', 'admin'] as const;
 export type Scope = (typeof SCOPES)[number];
 
 /** The name of the token from BRIDGE_TOKEN or BRIDGE_TOKEN_FILE. */
@@ -27,8 +27,12 @@ export interface Token {
   readonly scopes: ReadonlySet<Scope>;
 }
 
+/**
+ * admin implies every scope, and boxes:write implies boxes:contents: a token that may run
+ * commands in a box can read any of its files anyway (docs/tokens.md).
+ */
 export function hasScope(token: Token, scope: Scope): boolean {
-  return token.scopes.has('admin') || token.scopes.has(scope);
+  return token.scopes.has('admin') || token.scopes.has(scope) || (scope === 'boxes:contents' && token.scopes.has('boxes:write'));
 }
 
 const TokenEntry = z

@@ -34,6 +34,11 @@ export interface BoxReader {
    * runs out. A pod not in this replica's cache yet (created through another one) is waited for.
    */
   waitUntil(name: string, ready: (pod: k8s.V1Pod) => boolean, timeoutMs: number): Promise<k8s.V1Pod>;
+  /**
+   * The pod serving a box once this replica's watch shows one (made through another replica a
+   * moment ago), or undefined after timeoutMs. Costs no API call.
+   */
+  waitForBox(boxId: string, timeoutMs: number): Promise<k8s.V1Pod | undefined>;
   /** Calls back when the pod is deleted or starts terminating; returns an unsubscribe function. */
   onGone(name: string, callback: () => void): () => void;
   isHealthy(): boolean;
@@ -44,6 +49,8 @@ export interface BoxReader {
 export class BoxCache implements BoxReader {
   private readonly informer: ResilientInformer<k8s.V1Pod>;
   private readonly watchers = new Map<string, Set<(pod: k8s.V1Pod | undefined) => void>>();
+  /** box id -> who waits for a pod of that box to show up. */
+  private readonly boxWaiters = new Map<string, Set<() => void>>();
   /** box id -> pod name, and back, for session boxes. */
   private readonly podOfBox = new Map<string, string>();
   private readonly boxOfPod = new Map<string, string>();
@@ -150,6 +157,7 @@ export class BoxCache implements BoxReader {
     if (now !== undefined) {
       this.boxOfPod.set(name, now);
       this.podOfBox.set(now, name);
+      for (const wake of this.boxWaiters.get(now) ?? []) wake();
     }
   }
 
@@ -201,6 +209,33 @@ export class BoxCache implements BoxReader {
           unsubscribe();
         }
       });
+    });
+  }
+
+  waitForBox(boxId: string, timeoutMs: number): Promise<k8s.V1Pod | undefined> {
+    const live = () => {
+      const pod = this.get(boxId);
+      return pod && !pod.metadata?.deletionTimestamp ? pod : undefined;
+    };
+    const found = live();
+    if (found || timeoutMs <= 0) return Promise.resolve(found);
+    return new Promise((resolve) => {
+      let set = this.boxWaiters.get(boxId);
+      if (!set) this.boxWaiters.set(boxId, (set = new Set()));
+      const done = () => {
+        const pod = live();
+        if (!pod && !timedOut) return;
+        clearTimeout(timer);
+        set.delete(done);
+        if (set.size === 0) this.boxWaiters.delete(boxId);
+        resolve(pod);
+      };
+      let timedOut = false;
+      const timer = setTimeout(() => {
+        timedOut = true;
+        done();
+      }, timeoutMs);
+      set.add(done);
     });
   }
 

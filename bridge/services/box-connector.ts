@@ -1,45 +1,55 @@
-// From a box id to a boxd that answers: the box must exist, be boxd-capable and running; a new
-// box is waited for (its pod IP from the watch, then boxd's health). Calls run with a signal that
-// fires when the box is deleted meanwhile, so nothing hangs on a box that is gone.
-import type * as k8s from '@kubernetes/client-node';
-import { BOXD_NONCE_ANNOTATION, BOXD_VERSION_ANNOTATION, boxdToken } from '../../common/boxd.js';
+// From a box id to a boxd that answers (docs/lifecycle.md): the one module of the bridge that
+// knows a box may sleep. A box with a pod is served on it (a new one waited for: its pod IP from
+// the watch, then boxd's health); a sleeping box is woken first when the call may wake it; a call
+// that meets a sleep's fence aborts the sleep or waits for it, then is served. Calls run with a
+// signal that fires when the box's pod is deleted meanwhile, so nothing hangs on a box that is gone.
+import { AsyncLocalStorage } from 'node:async_hooks';
+import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
+import * as k8s from '@kubernetes/client-node';
+import type { Logger } from 'pino';
+import type { BoxLeases} from '../../common/box-lease.js';
+import { LeaseKeeper, leaseExpired, stateOf, type Held } from '../../common/box-lease.js';
+import { shapeOfSlept, sleptBoxOf, type SessionBox } from '../../common/box-pod.js';
+import { envOf, type BoxRecords } from '../../common/box-records.js';
+import { BOXD_NONCE_ANNOTATION, BOXD_VERSION_ANNOTATION, boxdToken, newNonce } from '../../common/boxd.js';
+import { BoxdFencedError, BoxdUnreachableError, type BoxdClient, type BoxdTarget } from '../../common/boxd-client.js';
 import { BridgeError } from '../../common/errors.js';
-import { BoxdUnreachableError, type BoxdClient, type BoxdTarget } from '../../common/boxd-client.js';
+import { buildEvent } from '../../common/events.js';
+import type { KubeCall } from '../../common/kube.js';
+import { ANNOTATIONS, LABELS, seatName } from '../../common/labels.js';
+import { boxIdOf } from '../box-pod.js';
 import { BoxGoneError, BoxStartTimeoutError, type BoxReader } from '../kube/box-cache.js';
-import type { BoxService } from './boxes.js';
+import type { PolicySource } from '../kube/policy.js';
+import type { BoxService, CreatePath } from './boxes.js';
+import type { SnapshotStore } from './snapshot-store.js';
+
+/**
+ * Whether calls made in this async context may wake a sleeping box: set per request from the
+ * caller's scopes (only boxes:write wakes, docs/tokens.md). Outside a request (the bridge's own
+ * work): yes.
+ */
+export const wakePermission = new AsyncLocalStorage<boolean>();
 
 export interface BoxConnectorDeps {
-  boxes: Pick<BoxService, 'get' | 'answering'>;
+  boxes: Pick<BoxService, 'locate' | 'answering' | 'revive'>;
   cache: BoxReader;
+  records: BoxRecords;
+  leases: BoxLeases;
   boxd: BoxdClient;
+  snapshots: Pick<SnapshotStore, 'restoreWorkspace' | 'available'>;
+  policy: PolicySource;
+  core: k8s.CoreV1Api;
+  call: KubeCall;
   /** The key box credentials are derived from (common/boxd.ts). */
   key: Buffer;
   namespace: string;
   /** How long a call waits for a new box to start. */
   startTimeoutMs: number;
-}
-
-/** A box that was answering and stops is given this long to come back before the call fails. */
-const LOST_BOX_WAIT_MS = 10_000;
-/** Between health probes of a box whose pod has an IP but whose boxd does not listen yet. */
-const PROBE_INTERVAL_MS = 25;
-/** Boxes known to answer, and credentials derived, by pod name; bounded so memory does not grow with churn. */
-const CACHE_SIZE = 50_000;
-
-/** Idle sleep's part in every call (bridge/services/sleep.ts). */
-export interface SleepHooks {
-  /**
-   * Resolves once the box is not asleep (waking it, or waiting for the replica that does). With
-   * recheck, the box's record is read even when this replica's watch shows no sleep.
-   */
-  ensureAwake(boxId: string, signal?: AbortSignal, recheck?: boolean): Promise<void>;
-  /** Records the call as the box's latest activity (at most every few seconds per box). */
-  touch(pod: k8s.V1Pod): Promise<boolean>;
-}
-
-export interface CallOptions {
-  /** Idle sleep's own calls: they neither wake the box nor count as activity. */
-  internal?: boolean;
+  log: Logger;
+  onWoken?: (path: CreatePath | 'none', outcome: 'ok' | 'error' | 'failed', seconds: number) => void;
+  onFenced?: (outcome: 'aborted' | 'slept' | 'taken_over') => void;
+  now?: () => number;
 }
 
 export interface BoxCall {
@@ -49,31 +59,83 @@ export interface BoxCall {
   signal: AbortSignal;
 }
 
+/** A box that was answering and stops is given this long to come back before the call fails. */
+const LOST_BOX_WAIT_MS = 10_000;
+/** Between health probes of a box whose pod has an IP but whose boxd does not listen yet. */
+const PROBE_INTERVAL_MS = 25;
+/** Boxes known to answer, and credentials derived, by pod name; bounded so memory does not grow with churn. */
+const CACHE_SIZE = 50_000;
+/** A call waits this long for a box to wake, or for a sleep it met to finish or give up. */
+const WAKE_WAIT_MS = 5 * 60 * 1000;
+/** How often a call waiting on another replica's wake, or a sleep, looks again. */
+const POLL_MS = 150;
+/** Rounds of "locate, call" one call may take (a sleep met, a wake, a sleep met again...). */
+const MAX_ROUNDS = 4;
+
 export class BoxConnector {
+  /** This replica, as written into the leases it takes. */
+  static readonly identity = `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
+  private readonly now: () => number;
   /** pod name -> uid of the pod seen answering. */
   private readonly ready = new Map<string, string>();
   /** pod name -> the credential of the pod with that nonce (an HMAC per call costs ~3% of an exec). */
   private readonly tokens = new Map<string, { nonce: string; token: string }>();
+  /** pod uid -> when this replica last wrote the box's activity. */
+  private readonly touched = new Map<string, number>();
+  /** box id -> the wake (or wait for one) this replica's calls share. */
+  private readonly wakes = new Map<string, Promise<void>>();
 
-  private sleep: SleepHooks | undefined;
-
-  constructor(private readonly deps: BoxConnectorDeps) {}
-
-  /** Idle sleep is wired after the connector (it calls boxes through it). */
-  useSleep(sleep: SleepHooks): void {
-    this.sleep = sleep;
+  constructor(private readonly deps: BoxConnectorDeps) {
+    this.now = deps.now ?? Date.now;
   }
 
   /**
    * Runs fn against the box's boxd. A connection boxd never accepted is retried once the box
-   * answers again (nothing reached it, so nothing ran twice).
+   * answers again, and a call boxd refused under a sleep's fence once the sleep is resolved:
+   * nothing reached the box, so nothing runs twice.
    */
-  async call<T>(boxId: string, fn: (call: BoxCall) => Promise<T>, signal?: AbortSignal, options: CallOptions = {}): Promise<T> {
-    const pod = await this.awakePod(boxId, options.internal ? undefined : this.sleep, signal);
+  async call<T>(boxId: string, fn: (call: BoxCall) => Promise<T>, signal?: AbortSignal): Promise<T> {
+    const mayWake = wakePermission.getStore() ?? true;
+    for (let round = 0; ; round++) {
+      const where = await this.deps.boxes.locate(boxId);
+      if (!where.pod) {
+        const state = stateOf(where.record);
+        if (state === 'failed') throw failed(boxId, where.record);
+        if (!mayWake) {
+          throw new BridgeError('conflict', `box ${boxId} is sleeping; a call with a boxes:write token wakes it (reads never do)`);
+        }
+        await this.awaken(boxId, signal);
+        continue;
+      }
+      const pod = where.pod;
+      checkUsable(pod);
+      await this.touch(pod);
+      try {
+        return await this.run(pod, fn, signal);
+      } catch (err) {
+        if (round >= MAX_ROUNDS || signal?.aborted) throw err;
+        if (err instanceof BoxdFencedError) {
+          await this.meetFence(boxId, pod, signal);
+          continue;
+        }
+        // Its boxd is gone: maybe a sleep took the pod and this replica's watch did not show it yet.
+        if (err instanceof BridgeError && err.type === 'cluster_unavailable' && err.cause instanceof BoxdUnreachableError) {
+          const record = await this.deps.records.read(boxId);
+          const state = stateOf(record);
+          if (state && state !== 'failed') continue;
+        }
+        throw err;
+      }
+    }
+  }
+
+  // ---- a box with a pod ----
+
+  private async run<T>(pod: k8s.V1Pod, fn: (call: BoxCall) => Promise<T>, signal: AbortSignal | undefined): Promise<T> {
     const name = pod.metadata!.name!;
     const aborter = new AbortController();
     const stop = this.deps.cache.onGone(name, () =>
-      aborter.abort(new BridgeError('not_found', `box ${name} was deleted while the request was running`)),
+      aborter.abort(new BridgeError('not_found', `box ${boxIdOf(pod) ?? name} was deleted while the request was running`)),
     );
     const onCallerAbort = () => aborter.abort(signal?.reason);
     signal?.addEventListener('abort', onCallerAbort, { once: true });
@@ -94,26 +156,7 @@ export class BoxConnector {
     }
   }
 
-  /**
-   * The box's pod, woken first if it sleeps. A sleep that took the pod just as the call came in
-   * (this replica's watch did not show it yet) answers not_found once: the box is then woken
-   * from its record and the call goes on, as if it had come a moment later.
-   */
-  private async awakePod(boxId: string, sleep: SleepHooks | undefined, signal: AbortSignal | undefined): Promise<k8s.V1Pod> {
-    for (let attempt = 0; ; attempt++) {
-      try {
-        await sleep?.ensureAwake(boxId, signal, attempt > 0);
-        const pod = await this.deps.boxes.get(boxId);
-        checkUsable(pod);
-        await sleep?.touch(pod);
-        return pod;
-      } catch (err) {
-        if (!sleep || attempt > 0 || !(err instanceof BridgeError && err.type === 'not_found')) throw err;
-      }
-    }
-  }
-
-  private target(pod: k8s.V1Pod): BoxdTarget {
+  target(pod: k8s.V1Pod): BoxdTarget {
     const name = pod.metadata!.name!;
     const nonce = pod.metadata!.annotations?.[BOXD_NONCE_ANNOTATION] ?? '';
     let cached = this.tokens.get(name);
@@ -121,7 +164,7 @@ export class BoxConnector {
       cached = { nonce, token: boxdToken(this.deps.key, this.deps.namespace, name, nonce) };
       remember(this.tokens, name, cached);
     }
-    return { box: name, ip: pod.status!.podIP!, token: cached.token };
+    return { box: name, ip: pod.status?.podIP ?? '', token: cached.token };
   }
 
   /** The live pod once its boxd answers; fast when this replica has seen it answer before. */
@@ -137,7 +180,10 @@ export class BoxConnector {
       if (remaining <= 0) {
         const latest = this.deps.cache.pod(name);
         if (lost || latest?.status?.podIP) {
-          throw new BridgeError('cluster_unavailable', `box ${name} does not answer (its agent is not reachable)`, { headers: { 'Retry-After': '5' } });
+          throw new BridgeError('cluster_unavailable', `box ${name} does not answer (its agent is not reachable)`, {
+            headers: { 'Retry-After': '5' },
+            cause: new BoxdUnreachableError(name, 'timeout'),
+          });
         }
         throw startTimeout(new BoxStartTimeoutError(name, latest));
       }
@@ -149,7 +195,7 @@ export class BoxConnector {
       } catch (err) {
         if (signal.aborted) throw signal.reason;
         if (!(err instanceof BoxdUnreachableError) && !(err instanceof DOMException)) throw err;
-        await new Promise((resolve) => setTimeout(resolve, PROBE_INTERVAL_MS));
+        await delay(PROBE_INTERVAL_MS);
       }
     }
   }
@@ -166,6 +212,254 @@ export class BoxConnector {
     }
   }
 
+  // ---- activity ----
+
+  /** Milliseconds of idleness after which the operator puts a box to sleep; 0 when it never does. */
+  private sleepAfterMs(): number {
+    if (!this.deps.snapshots.available) return 0;
+    return this.deps.policy.current().idle.sleepAfterSeconds * 1000;
+  }
+
+  /**
+   * Records the call as the box's activity on its pod, at most once per tenth of the idle time per
+   * box and replica (no API write per exec). A write that failed proves nothing; the call goes on.
+   */
+  private async touch(pod: k8s.V1Pod): Promise<void> {
+    const after = this.sleepAfterMs();
+    if (!after) return;
+    const uid = pod.metadata!.uid!;
+    const last = Math.max(this.touched.get(uid) ?? 0, lastActive(pod));
+    if (this.now() - last < clamp(after / 10, 500, 60_000)) return;
+    await this.writeActivity(pod).catch((err: unknown) => this.deps.log.debug({ err, box: pod.metadata?.name }, 'could not record box activity'));
+  }
+
+  /** Writes the pod's last-active now; answers the pod as the API server has it after the write (undefined: gone). */
+  private async writeActivity(pod: k8s.V1Pod): Promise<k8s.V1Pod | undefined> {
+    const now = this.now();
+    try {
+      const written = await this.deps.call('record box activity', () =>
+        this.deps.core.patchNamespacedPod(
+          { name: pod.metadata!.name!, namespace: this.deps.namespace, body: { metadata: { annotations: { [ANNOTATIONS.lastActive]: new Date(now).toISOString() } } } },
+          k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
+        ),
+      );
+      if (written.metadata?.uid !== pod.metadata?.uid) return undefined;
+      remember(this.touched, pod.metadata!.uid!, now);
+      return written;
+    } catch (err) {
+      if (err instanceof BridgeError && err.type === 'not_found') return undefined;
+      throw err;
+    }
+  }
+
+  // ---- a call that met a sleep's fence (docs/lifecycle.md, "Why no acknowledged write is lost") ----
+
+  /**
+   * The call was refused by boxd's fence: nothing of it ran. Moving the box's activity on makes
+   * the sleep's guarded delete fail if it has not happened yet; then the sleeper lifts the fence
+   * (or, if it died, this replica does, once its lease ran out) and the call is sent again. If the
+   * delete happened first, the call waits for the box to be Sleeping and the next round wakes it.
+   */
+  private async meetFence(boxId: string, pod: k8s.V1Pod, signal: AbortSignal | undefined): Promise<void> {
+    const written = await this.writeActivity(pod);
+    if (!written || written.metadata?.deletionTimestamp) {
+      this.deps.onFenced?.('slept');
+      return this.waitWhilePending(boxId, signal);
+    }
+    const deadline = this.now() + WAKE_WAIT_MS;
+    const target = this.target(written);
+    for (let wait = 50; this.now() < deadline; wait = Math.min(wait * 2, 1000)) {
+      await delay(wait, signal);
+      let fence: number;
+      try {
+        fence = (await this.deps.boxd.activity(target, AbortSignal.timeout(2000))).fence;
+      } catch {
+        return; // its boxd is gone: the sleep went ahead after all; the next round finds out
+      }
+      if (fence === 0) {
+        this.deps.onFenced?.('aborted');
+        return;
+      }
+      const record = await this.deps.records.read(boxId);
+      if (stateOf(record) !== 'pending') continue; // resolved meanwhile; its boxd follows
+      if (!leaseExpired(record, this.now())) continue;
+      // The sleeper stopped with the fence up and the pod alive: take its lease and lift it.
+      const held = await this.deps.leases.take(record!, 'pending');
+      if (!held) continue;
+      await this.deps.boxd.unfence(target, held.lease.epoch, AbortSignal.timeout(5000)).catch(() => undefined);
+      await this.deps.leases.release(held, null, CLEAR_SLEEP);
+      this.deps.onFenced?.('taken_over');
+      return;
+    }
+    throw new BridgeError('cluster_unavailable', `box ${boxId} is being put to sleep and it did not finish in time; retry`, { headers: { 'Retry-After': '5' } });
+  }
+
+  /** Until the box's record leaves `pending` (its sleep finished, or was given up and resumed by the operator). */
+  private async waitWhilePending(boxId: string, signal: AbortSignal | undefined): Promise<void> {
+    const deadline = this.now() + WAKE_WAIT_MS;
+    while (this.now() < deadline) {
+      const record = await this.deps.records.read(boxId);
+      if (stateOf(record) !== 'pending') return;
+      await delay(POLL_MS * 2, signal);
+    }
+    throw new BridgeError('cluster_unavailable', `box ${boxId} is being put to sleep and it did not finish in time; retry`, { headers: { 'Retry-After': '5' } });
+  }
+
+  // ---- Sleeping -> Waking -> Running ----
+
+  /** Until the box is awake: wakes it, or waits for the replica that does. Calls on this replica share one wake. */
+  private async awaken(boxId: string, signal: AbortSignal | undefined): Promise<void> {
+    let wake = this.wakes.get(boxId);
+    if (!wake) {
+      wake = this.wakeOrWait(boxId).finally(() => this.wakes.delete(boxId));
+      this.wakes.set(boxId, wake);
+    }
+    if (!signal) return wake;
+    signal.throwIfAborted();
+    await new Promise<void>((resolve, reject) => {
+      const onAbort = () => reject(signal.reason);
+      signal.addEventListener('abort', onAbort, { once: true });
+      wake.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+    });
+  }
+
+  private async wakeOrWait(boxId: string): Promise<void> {
+    const deadline = this.now() + WAKE_WAIT_MS;
+    while (this.now() < deadline) {
+      const record = await this.deps.records.read(boxId);
+      const state = stateOf(record);
+      if (!record || record.metadata?.deletionTimestamp || !state || state === 'pending') return; // awake, gone (404 next), or still running
+      if (state === 'failed') throw failed(boxId, record);
+      if (state === 'asleep' || leaseExpired(record, this.now())) {
+        // Asleep, or its waker stopped: this replica wakes it. A cold pod mounts the record, so the
+        // new nonce's credential goes in with the lease.
+        const nonce = newNonce();
+        const held = await this.deps.leases.take(record, 'waking', { token: boxdToken(this.deps.key, this.deps.namespace, boxId, nonce) });
+        if (held) return this.wake(boxId, held, nonce);
+        continue; // another replica moved first: look again
+      }
+      await delay(POLL_MS);
+    }
+    throw new BridgeError('cluster_unavailable', `box ${boxId} is waking up and did not finish in time; retry`, { headers: { 'Retry-After': '5' } });
+  }
+
+  private async wake(boxId: string, held: Held, nonce: string): Promise<void> {
+    const started = performance.now();
+    const keeper = new LeaseKeeper(this.deps.leases, held, this.now);
+    let path: CreatePath | 'none' = 'none';
+    let made: k8s.V1Pod | undefined;
+    const record = held.record;
+    const slept = sleptBoxOf(record);
+    const snapshotId = record.metadata?.annotations?.[ANNOTATIONS.sleepSnapshot];
+    try {
+      if (!slept || !snapshotId) throw new SnapshotLost(`box ${boxId} is marked asleep without its snapshot`);
+      // A pod left by a waker that stopped may hold a half-restored workspace: it goes.
+      const leftover = this.deps.cache.get(boxId);
+      if (leftover && !leftover.metadata?.deletionTimestamp) await this.deletePod(leftover);
+      const session: SessionBox = {
+        boxId,
+        sessionId: record.metadata?.annotations?.[ANNOTATIONS.sessionId] ?? '',
+        slot: Number(record.metadata?.labels?.[LABELS.slot] ?? 0),
+        seat: slept.seat ?? -1,
+        record: { name: record.metadata!.name!, uid: record.metadata!.uid! },
+        ttlSeconds: slept.ttlSeconds,
+        now: new Date(this.now()),
+        createdAt: new Date(slept.createdAt),
+        ...(slept.expiresAt ? { expiresAt: new Date(slept.expiresAt) } : {}),
+        idempotencyKey: record.metadata?.labels?.[LABELS.idempotencyKey],
+      };
+      const revived = await this.deps.boxes.revive(session, shapeOfSlept(slept), envOf(record), nonce);
+      made = revived.pod;
+      path = revived.path;
+      await this.run(made, (call) => this.deps.snapshots.restoreWorkspace({ ...call, signal: AbortSignal.any([call.signal, keeper.signal]) }, snapshotId), keeper.signal);
+      // Awake: a plain record again (its snapshot stays in the store until retention).
+      const released = await this.deps.leases.release(await keeper.stop(), null, CLEAR_SLEEP);
+      if (!released) throw new BridgeError('cluster_unavailable', `box ${boxId} was taken over while it woke; retry`, { headers: { 'Retry-After': '1' } });
+      this.deps.onWoken?.(path, 'ok', (performance.now() - started) / 1000);
+      this.deps.log.info({ box: boxId, path, snapshot: snapshotId, ms: Math.round(performance.now() - started) }, 'box woken');
+    } catch (err) {
+      const lost = err instanceof SnapshotLost || (err instanceof BridgeError && err.type === 'not_found' && /snapshot/.test(err.message));
+      this.deps.onWoken?.(path, lost ? 'failed' : 'error', (performance.now() - started) / 1000);
+      // Only the pod this wake made goes (by UID): never another waker's.
+      if (made) await this.deletePod(made).catch(() => undefined);
+      const current = await keeper.stop();
+      if (lost) {
+        await this.fail(current, err instanceof Error ? err.message : String(err));
+        throw failed(boxId, undefined, err instanceof Error ? err.message : String(err));
+      }
+      this.deps.log.warn({ err, box: boxId }, 'could not wake box; it stays asleep');
+      await this.deps.leases.release(current, 'asleep').catch(() => undefined);
+      throw err;
+    }
+  }
+
+  /** Failed (transition 10): the record says why, its seat goes back to the pool, an Event says so. */
+  private async fail(held: Held, reason: string): Promise<void> {
+    const released = await this.deps.leases.release(held, 'failed', { annotations: { [ANNOTATIONS.failure]: reason } }).catch(() => undefined);
+    if (!released) return;
+    this.deps.log.error({ box: released.metadata?.name, reason }, 'box failed: its workspace is lost');
+    const seat = sleptBoxOf(released)?.seat;
+    if (seat !== undefined) await this.freeSeat(seat, released.metadata!.uid!).catch(() => undefined);
+    const { name, namespace, uid } = released.metadata!;
+    await this.deps
+      .call('record box event', () =>
+        this.deps.core.createNamespacedEvent({
+          namespace: this.deps.namespace,
+          body: buildEvent({
+            involved: { apiVersion: 'v1', kind: 'Secret', name: name!, namespace: namespace ?? this.deps.namespace, uid: uid! },
+            type: 'Warning',
+            reason: 'BoxFailed',
+            message: `Box failed: ${reason}`,
+            component: 'sandbox-bridge',
+            instance: BoxConnector.identity,
+            now: new Date(this.now()),
+          }),
+        }),
+      )
+      .catch(() => undefined);
+  }
+
+  private async freeSeat(seat: number, recordUid: string): Promise<void> {
+    const name = seatName(seat);
+    const s = await this.deps.call('read box seat', () => this.deps.core.readNamespacedSecret({ name, namespace: this.deps.namespace }));
+    if (!s.metadata?.ownerReferences?.some((o) => o.uid === recordUid)) return;
+    await this.deps.call('free box seat', () =>
+      this.deps.core.deleteNamespacedSecret({ name, namespace: this.deps.namespace, body: { preconditions: { uid: s.metadata!.uid! } } }),
+    );
+  }
+
+  private async deletePod(pod: k8s.V1Pod): Promise<void> {
+    await this.deps
+      .call('delete box pod', () =>
+        this.deps.core.deleteNamespacedPod({
+          name: pod.metadata!.name!,
+          namespace: this.deps.namespace,
+          // Options in the body: the API server ignores query options when a DELETE has a body.
+          body: { propagationPolicy: 'Background', preconditions: { uid: pod.metadata!.uid! } },
+        }),
+      )
+      .catch((err: unknown) => {
+        if (!(err instanceof BridgeError && (err.type === 'not_found' || err.type === 'conflict'))) throw err;
+      });
+  }
+}
+
+/** What a sleep leaves on the record that a box back to Running must not keep. */
+const CLEAR_SLEEP = { annotations: { [ANNOTATIONS.sleepSnapshot]: null, [ANNOTATIONS.sleepBox]: null, [ANNOTATIONS.expiresAt]: null } };
+
+class SnapshotLost extends Error {}
+
+function failed(boxId: string, record: k8s.V1Secret | undefined, reason?: string): BridgeError {
+  const why = reason ?? record?.metadata?.annotations?.[ANNOTATIONS.failure] ?? 'its workspace is lost';
+  return new BridgeError('conflict', `box ${boxId} failed: ${why}; delete it and create a new box`);
+}
+
+/** When the box's last call was (its pod's annotation; a pod without one: its creation). */
+function lastActive(pod: k8s.V1Pod): number {
+  const stamped = Date.parse(pod.metadata?.annotations?.[ANNOTATIONS.lastActive] ?? '');
+  if (Number.isFinite(stamped)) return stamped;
+  const created = pod.metadata?.creationTimestamp;
+  return created ? new Date(created).getTime() : 0;
 }
 
 /** Sets key in a map bounded to CACHE_SIZE entries (the oldest goes first). */
@@ -188,7 +482,26 @@ function startTimeout(err: BoxStartTimeoutError): BridgeError {
 
 function unreachable(err: unknown, name: string): unknown {
   if (err instanceof BoxdUnreachableError) {
-    return new BridgeError('cluster_unavailable', `box ${name} does not answer (${err.code})`, { headers: { 'Retry-After': '5' } });
+    return new BridgeError('cluster_unavailable', `box ${name} does not answer (${err.code})`, { headers: { 'Retry-After': '5' }, cause: err });
   }
   return err;
+}
+
+function clamp(v: number, min: number, max: number): number {
+  return Math.min(max, Math.max(min, v));
+}
+
+function delay(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const timer = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal!.reason);
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
 }

@@ -15,7 +15,8 @@ import { BridgeError } from '../../common/errors.js';
 import { LABELS, boxName, sessionHash } from '../../common/labels.js';
 import type { SandboxPoolSpec } from '../../common/pool.js';
 import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js';
-import { boxIdOf, boxStatus, sleepingStatus, sleptBoxOf } from '../box-pod.js';
+import { stateOf } from '../../common/box-lease.js';
+import { boxIdOf, boxStatus, podlessStatus, sleepingStatus, sleptBoxOf } from '../box-pod.js';
 import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxReader } from '../kube/box-cache.js';
 import type { BoxRecords } from '../../common/box-records.js';
@@ -42,6 +43,11 @@ const CLAIM_CHECK_MS = 2000;
  */
 const JUST_MADE_MS = 30_000;
 const JUST_MADE_MAX = 1000;
+/** How long a lookup that found a box's record waits for this replica's watch to show its pod. */
+const WATCH_WAIT_MS = 2000;
+/** How long a box found gone is answered 404 from memory (a deleted box's id is reused only by a new create in its slot). */
+const GONE_MS = 5000;
+const GONE_MAX = 10_000;
 /** How long a woken box's new pod waits for the previous pod of its name to finish terminating. */
 const REVIVE_NAME_WAIT_MS = 30_000;
 
@@ -72,8 +78,10 @@ export interface BoxServiceDeps {
 export class BoxService {
   private readonly now: () => Date;
   private readonly deleted = new Set<string>();
+  /** Box ids found gone a moment ago: answered 404 without an API call (see locate). */
+  private readonly gone = new Expiring(GONE_MS, GONE_MAX);
   /** box id -> the pod this replica just made or claimed for it, and whether its agent answered. */
-  private readonly justMade = new Map<string, { pod: k8s.V1Pod; at: number; answering: boolean }>();
+  private readonly justMade = new Map<string, { pod: k8s.V1Pod; at: number; answering: boolean; seen?: boolean }>();
 
   constructor(private readonly deps: BoxServiceDeps) {
     this.now = deps.now ?? (() => new Date());
@@ -164,12 +172,16 @@ export class BoxService {
     throw quotaExceeded(`session already has ${spec.maxBoxesPerSession} boxes; the limit per session is ${spec.maxBoxesPerSession}`);
   }
 
-  /** Seats held by the boxes this replica's cache knows. */
+  /** Seats held by the boxes this replica's watches know: those with a pod, and sleeping ones (they keep theirs). */
   private heldSeats(): Set<number> {
     const held = new Set<number>();
     for (const pod of this.deps.cache.all()) {
       const seat = Number(pod.metadata?.labels?.[LABELS.seat]);
-      if (Number.isInteger(seat)) held.add(seat);
+      if (pod.metadata?.labels?.[LABELS.seat] !== undefined && Number.isInteger(seat)) held.add(seat);
+    }
+    for (const record of this.deps.sleeping?.list() ?? []) {
+      const seat = sleptBoxOf(record)?.seat;
+      if (seat !== undefined && stateOf(record) !== 'failed') held.add(seat);
     }
     return held;
   }
@@ -296,47 +308,73 @@ export class BoxService {
   }
 
   /**
-   * The pod serving a box: from the cache, or (just made through another replica) from the API
-   * server. A box that is being deleted is gone for every route (404). A box woken from sleep
-   * has a new pod while the cache may still show the one it slept from, terminating.
+   * Where a box is: the pod serving it, or its record when it has none (asleep, waking, failed).
+   * From the caches first; a box neither knows is looked up with one API read (its record), then
+   * waited for on the watch (made through another replica a moment ago). A box found gone is
+   * remembered for a few seconds, so a client polling it costs no API call. 404 when gone or going.
    */
-  async get(id: string): Promise<k8s.V1Pod> {
+  async locate(id: string): Promise<{ pod: k8s.V1Pod; record?: undefined } | { record: k8s.V1Secret; pod?: undefined }> {
     if (!BOX_ID.test(id)) throw new BridgeError('invalid_request', `"${id}" is not a valid box id`);
+    const podless = this.sleepingRecord(id);
+    if (podless) return { record: podless };
     const cached = this.deps.cache.get(id);
-    const pod = cached && !this.isDeleting(cached) ? cached : (this.madeHere(id) ?? (await this.readBoxPod(id)) ?? cached);
-    if (!pod || pod.metadata?.labels?.[LABELS.box] !== 'true' || pod.metadata?.labels?.[LABELS.warm] || this.isDeleting(pod)) throw notFound(id);
-    return pod;
+    if (cached && !this.isDeleting(cached)) return { pod: this.checkBox(id, cached) };
+    const made = this.madeHere(id);
+    if (made) return { pod: made };
+    if (this.gone.has(id)) throw notFound(id);
+    const record = await this.deps.records.read(id);
+    if (!record || record.metadata?.deletionTimestamp || this.deleted.has(record.metadata?.uid ?? '')) {
+      this.gone.add(id);
+      throw notFound(id);
+    }
+    const state = stateOf(record);
+    if (state && state !== 'pending') return { record };
+    const pod = (await this.deps.cache.waitForBox(id, WATCH_WAIT_MS)) ?? (await this.readPod(id));
+    if (pod && !this.isDeleting(pod) && pod.metadata?.labels?.[LABELS.boxId] === id) return { pod };
+    throw new BridgeError('cluster_unavailable', `box ${id} exists but its pod is not visible yet; retry`, { headers: { 'Retry-After': '1' } });
+  }
+
+  /** The pod serving a box (404 when it has none: gone, or asleep). */
+  async get(id: string): Promise<k8s.V1Pod> {
+    const where = await this.locate(id);
+    if (!where.pod) throw new BridgeError('conflict', `box ${id} has no pod now (it is ${podlessStatus(where.record).toLowerCase()})`);
+    return where.pod;
   }
 
   async status(id: string) {
-    const asleep = this.sleepingRecord(id);
-    if (asleep) return sleepingStatus(asleep, this.now());
-    return boxStatus(await this.get(id), this.now());
+    const where = await this.locate(id);
+    return where.pod ? boxStatus(where.pod, this.now()) : sleepingStatus(where.record, this.now());
   }
 
-  /** The record of a box that has no live pod because it sleeps (or is being put to sleep or woken). */
+  /**
+   * The record of a box without a pod now, from this replica's watch of records in a state:
+   * asleep, being woken (its new pod not shown yet), or failed.
+   */
   sleepingRecord(id: string): k8s.V1Secret | undefined {
     const record = this.deps.sleeping?.get(id);
-    if (!record || record.metadata?.deletionTimestamp || this.deleted.has(record.metadata?.uid ?? '') || !sleptBoxOf(record)) return undefined;
+    const state = stateOf(record);
+    if (!record || !state || state === 'pending' || record.metadata?.deletionTimestamp || this.deleted.has(record.metadata?.uid ?? '')) return undefined;
+    if (state === 'failed') return record;
     const pod = this.deps.cache.get(id);
-    return pod && !pod.metadata?.deletionTimestamp ? undefined : record;
+    return pod && !pod.metadata?.deletionTimestamp ? undefined : (this.madeHere(id) ? undefined : record);
   }
 
   /**
    * Deletes a box once: the pod's delete is conditional on the resource version we saw, so a
    * second DELETE racing through another replica whose watch has not seen the first one finds
    * the pod changed, re-reads it, and answers 404. Then the record goes (the operator reaps a
-   * record left behind by a failure here).
+   * record left behind by a failure here). A box without a pod: its record goes (its snapshot
+   * stays until retention, docs/snapshots.md).
    */
   async delete(id: string) {
-    const asleep = this.sleepingRecord(id);
-    if (asleep) {
-      // No pod to delete: the record goes (its snapshot stays until retention, docs/snapshots.md).
-      await this.deps.records.delete(id, asleep.metadata!.uid!);
-      this.remember(asleep.metadata!.uid!);
+    const where = await this.locate(id);
+    if (where.record) {
+      await this.deps.records.delete(id, where.record.metadata!.uid!);
+      this.remember(where.record.metadata!.uid!);
+      this.gone.add(id);
       return { box_id: id, status: 'Terminated' as const, deleted_at: this.now().toISOString() };
     }
-    let pod = await this.get(id);
+    let pod = where.pod;
     for (let attempt = 0; attempt < 3; attempt++) {
       try {
         const preconditions = { uid: pod.metadata!.uid!, resourceVersion: pod.metadata!.resourceVersion! };
@@ -348,6 +386,7 @@ export class BoxService {
           }),
         );
         this.remember(pod.metadata!.uid!);
+        this.gone.add(id);
         await this.deps.records.delete(id).catch(() => undefined);
         return { box_id: id, status: 'Terminated' as const, deleted_at: this.now().toISOString() };
       } catch (err) {
@@ -400,15 +439,15 @@ export class BoxService {
   private rememberMade(boxId: string, pod: k8s.V1Pod, answering: boolean): void {
     if (this.justMade.size >= JUST_MADE_MAX) this.justMade.delete(this.justMade.keys().next().value!);
     this.justMade.set(boxId, { pod, at: performance.now(), answering });
+    this.gone.delete(boxId);
   }
 
+  /** The pod this replica just made for the box, until its watch shows it (from then on the cache is the truth). */
   private madeHere(id: string): k8s.V1Pod | undefined {
     const made = this.justMade.get(id);
     if (!made) return undefined;
-    if (performance.now() - made.at > JUST_MADE_MS || this.isDeleting(made.pod)) {
-      this.justMade.delete(id);
-      return undefined;
-    }
+    made.seen ||= this.deps.cache.pod(made.pod.metadata!.name!)?.metadata?.uid === made.pod.metadata?.uid;
+    if (made.seen || performance.now() - made.at > JUST_MADE_MS || this.isDeleting(made.pod)) return undefined;
     return made.pod;
   }
 
@@ -431,14 +470,10 @@ export class BoxService {
     }
   }
 
-  /** A box's pod by the API server: named after the box (cold), or carrying its id (claimed). */
-  private async readBoxPod(id: string): Promise<k8s.V1Pod | undefined> {
-    const named = await this.readPod(id);
-    if (named && !named.metadata?.labels?.[LABELS.warm] && !named.metadata?.deletionTimestamp) return named;
-    const labelled = await this.deps.call('list box pod', () =>
-      this.deps.core.listNamespacedPod({ namespace: this.deps.namespace, labelSelector: `${LABELS.boxId}=${id}` }),
-    );
-    return labelled.items.find((p) => !p.metadata?.deletionTimestamp) ?? named ?? labelled.items[0];
+  /** A cached pod is the box's only while it carries no warm label (a pod named like a box id that is warm is none). */
+  private checkBox(id: string, pod: k8s.V1Pod): k8s.V1Pod {
+    if (pod.metadata?.labels?.[LABELS.box] !== 'true' || pod.metadata?.labels?.[LABELS.warm]) throw notFound(id);
+    return pod;
   }
 
   private async deleteQuietly(pod: k8s.V1Pod, gracePeriodSeconds?: number, unchanged = false): Promise<void> {
@@ -526,4 +561,32 @@ function explainCreateError(err: unknown, namespace: string, spec: SandboxPoolSp
     return new BridgeError('cluster_unavailable', `sandbox namespace "${namespace}" does not exist: is the operator running and the SandboxPool created?`);
   }
   return err;
+}
+
+/** A bounded set whose members are forgotten after ttlMs. */
+class Expiring {
+  private readonly at = new Map<string, number>();
+
+  constructor(
+    private readonly ttlMs: number,
+    private readonly max: number,
+  ) {}
+
+  add(key: string): void {
+    this.at.delete(key);
+    if (this.at.size >= this.max) this.at.delete(this.at.keys().next().value!);
+    this.at.set(key, performance.now() + this.ttlMs);
+  }
+
+  has(key: string): boolean {
+    const until = this.at.get(key);
+    if (until === undefined) return false;
+    if (until > performance.now()) return true;
+    this.at.delete(key);
+    return false;
+  }
+
+  delete(key: string): void {
+    this.at.delete(key);
+  }
 }

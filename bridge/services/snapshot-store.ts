@@ -1,0 +1,100 @@
+// The store side of snapshots (common/snapshots.ts layout): a snapshot's metadata, restoring its
+// workspace into a box through a call the caller holds, and deleting it. Needs no box lookup, so
+// the box connector uses it to wake a box, and the snapshot service to fork one.
+import { pipeline, type Readable } from 'node:stream';
+import type { BoxdClient } from '../../common/boxd-client.js';
+import type { EnvSealer } from '../../common/env-seal.js';
+import { BridgeError } from '../../common/errors.js';
+import type { ObjectStore } from '../../common/object-store.js';
+import { parseQuantity } from '../../common/quantity.js';
+import { Meter, WORKSPACE, restoreLimits, snapshotLimits } from '../../common/snapshot-writer.js';
+import { METADATA_OBJECT, WORKSPACE_OBJECT, parseSnapshotId, snapshotKey, type SnapshotMetadata } from '../../common/snapshots.js';
+import type { PolicySource } from '../kube/policy.js';
+import type { BoxCall } from './box-connector.js';
+
+export interface SnapshotStoreDeps {
+  boxd: BoxdClient;
+  policy: PolicySource;
+  /** Undefined when no object store is configured: every snapshot route then answers 501. */
+  store: ObjectStore | undefined;
+  sealer: EnvSealer | undefined;
+  onRestored?: (outcome: 'ok' | 'error', seconds: number, bytes: number) => void;
+}
+
+export class SnapshotStore {
+  constructor(private readonly deps: SnapshotStoreDeps) {}
+
+  /** Restores a snapshot's workspace into a box being woken (its env is in its record already). */
+  async restoreWorkspace(call: BoxCall, snapshotId: string): Promise<void> {
+    const metadata = await this.metadata(snapshotId);
+    await this.restoreInto(call, metadata);
+  }
+
+  /**
+   * Deletes a snapshot's objects (also an idle sleep's, given up after its snapshot was taken).
+   * Metadata first: from then on the snapshot is gone for every reader, even if the second
+   * delete fails (the operator removes a workspace object left without metadata).
+   */
+  async discard(snapshotId: string): Promise<void> {
+    const { store } = this.configured();
+    const id = parseSnapshotId(snapshotId);
+    if (!id) return;
+    await store.delete([store.key(snapshotKey(this.pool, id, METADATA_OBJECT))]);
+    await store.delete([store.key(snapshotKey(this.pool, id, WORKSPACE_OBJECT))]);
+  }
+
+  /** Whether snapshots are configured (idle sleep needs them). */
+  get available(): boolean {
+    return Boolean(this.deps.store && this.deps.sealer);
+  }
+
+  /** Streams the snapshot's workspace from the store into the box, checked against its digest. */
+  async restoreInto({ target, signal }: Pick<BoxCall, 'target' | 'signal'>, metadata: SnapshotMetadata): Promise<void> {
+    const { store } = this.configured();
+    const id = parseSnapshotId(metadata.snapshot_id)!;
+    const limits = restoreLimits(metadata, snapshotLimits(this.deps.policy.current(), parseQuantity));
+    const started = performance.now();
+    let bytes = 0;
+    try {
+      const object = await store.getStream(store.key(snapshotKey(this.pool, id, WORKSPACE_OBJECT)), signal);
+      if (!object) throw new BridgeError('not_found', `snapshot ${metadata.snapshot_id} not found (deleted while restoring)`);
+      const check = new Meter({ sha256: metadata.sha256, size: metadata.size });
+      pipeline(object.body as Readable, check, () => undefined);
+      try {
+        await this.deps.boxd.writeArchive(target, WORKSPACE, check, { maxBytes: limits.bytes, maxEntries: limits.entries, contentLength: metadata.size, signal });
+      } finally {
+        check.destroy(); // after a refusal, releases the store's stream too (pipeline)
+      }
+      bytes = check.bytes;
+      this.deps.onRestored?.('ok', (performance.now() - started) / 1000, bytes);
+    } catch (err) {
+      this.deps.onRestored?.('error', (performance.now() - started) / 1000, bytes);
+      throw err;
+    }
+  }
+
+  async metadata(snapshotId: string): Promise<SnapshotMetadata> {
+    const { store } = this.configured();
+    const id = parseSnapshotId(snapshotId);
+    if (!id) throw new BridgeError('invalid_request', `"${snapshotId}" is not a snapshot id`);
+    const metadata = await store.getJson<SnapshotMetadata>(store.key(snapshotKey(this.pool, id, METADATA_OBJECT)));
+    if (!metadata || metadata.snapshot_id !== snapshotId) throw new BridgeError('not_found', `snapshot ${snapshotId} not found`);
+    return metadata;
+  }
+
+  get pool(): string {
+    return this.deps.policy.poolName;
+  }
+
+  configured(): { store: ObjectStore; sealer: EnvSealer } {
+    const { store, sealer } = this.deps;
+    if (!store || !sealer) {
+      throw new BridgeError(
+        'not_implemented',
+        'snapshots need an object store: set objectStore.bucket (and endpoint, region, credentials) in the chart, ' +
+          'or OBJECT_STORE_BUCKET, OBJECT_STORE_ENDPOINT and SNAPSHOT_ENCRYPTION_KEY_FILE for the bridge (docs/snapshots.md)',
+      );
+    }
+    return { store, sealer };
+  }
+}
