@@ -151,7 +151,13 @@ func serve() error {
 	if err != nil {
 		return err
 	}
-	protected := []string{cfg.secretDir}
+	// boxd's own directories, which no file or archive route reaches (files.Box): the secret
+	// mount (credential, env store) and the directory of its binary.
+	secretDir, err := filepath.Abs(cfg.secretDir)
+	if err != nil {
+		return err
+	}
+	protected := []string{secretDir}
 	if self, err := os.Executable(); err == nil {
 		protected = append(protected, filepath.Dir(self))
 	}

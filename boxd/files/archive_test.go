@@ -105,7 +105,7 @@ func sameTree(t *testing.T, a, b map[string]string) {
 
 func archiveOf(t *testing.T, p string, gz bool) *bytes.Buffer {
 	t.Helper()
-	a, err := PrepareArchive(p)
+	a, err := box.PrepareArchive(p, Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestArchiveRoundTripOf1000Files(t *testing.T) {
 			t.Fatal("gzip=true did not compress")
 		}
 		dst := filepath.Join(t.TempDir(), "new", "dest") // created, parents too
-		res, err := Extract(dst, buf, 1<<30, 10_000)
+		res, err := box.Extract(dst, buf, Limits{Bytes: 1 << 30, Entries: 10_000})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +157,7 @@ func TestArchiveOfOneFileAndMergeIntoExistingDir(t *testing.T) {
 		entry{name: "sub/new.txt", body: "new"},
 		entry{name: "fresh/deep/x.txt", body: "x"},
 	)
-	if _, err := Extract(dst, body, 1000, 100); err != nil {
+	if _, err := box.Extract(dst, body, Limits{Bytes: 1000, Entries: 100}); err != nil {
 		t.Fatal(err)
 	}
 	assertContent(t, filepath.Join(dst, "keep.txt"), "kept")
@@ -216,7 +216,15 @@ func TestArchiveRefusesEscapes(t *testing.T) {
 		"symlink through a symlink":      {ok, {name: "d", typ: tar.TypeSymlink, link: "."}, {name: "l", typ: tar.TypeSymlink, link: "d/.."}},
 		"symlink later made a traversal": {ok, {name: "l", typ: tar.TypeSymlink, link: "d/../x"}, {name: "d", typ: tar.TypeSymlink, link: "."}},
 		"dir replaced by a symlink":      {ok, {name: "d/f", body: "x"}, {name: "d", typ: tar.TypeSymlink, link: "."}},
-		"hard link":                      {ok, {name: "h", typ: tar.TypeLink, link: "fine.txt"}},
+		"hard link to nothing extracted": {ok, {name: "h", typ: tar.TypeLink, link: "marker"}},
+		"hard link leaving the dir":      {ok, {name: "h", typ: tar.TypeLink, link: "../outside"}},
+		"hard link to an absolute name":  {ok, {name: "h", typ: tar.TypeLink, link: "/etc/passwd"}},
+		"hard link to a later file":      {{name: "h", typ: tar.TypeLink, link: "fine.txt"}, ok},
+		"hard link to a symlink":         {ok, {name: "l", typ: tar.TypeSymlink, link: "fine.txt"}, {name: "h", typ: tar.TypeLink, link: "l"}},
+		"hard link to a directory":       {ok, {name: "d/", typ: tar.TypeDir}, {name: "h", typ: tar.TypeLink, link: "d"}},
+		"hard link to itself":            {ok, {name: "h", typ: tar.TypeLink, link: "h"}},
+		"hard link to a replaced file":   {ok, {name: "fine.txt", typ: tar.TypeSymlink, link: "x"}, {name: "h", typ: tar.TypeLink, link: "fine.txt"}},
+		"hard link through a symlink":    {{name: "d/f", body: "x"}, {name: "l", typ: tar.TypeSymlink, link: "d"}, {name: "h", typ: tar.TypeLink, link: "l/f"}},
 		"char device":                    {ok, {name: "null", typ: tar.TypeChar}},
 		"block device":                   {ok, {name: "sda", typ: tar.TypeBlock}},
 		"FIFO":                           {ok, {name: "fifo", typ: tar.TypeFifo}},
@@ -227,12 +235,12 @@ func TestArchiveRefusesEscapes(t *testing.T) {
 			dst := filepath.Join(parent, "dest")
 			mustWrite(t, filepath.Join(dst, "marker"), "m")
 			before := snapshot(t, parent)
-			_, err := Extract(dst, tarOf(t, entries...), 1<<20, 100)
+			_, err := box.Extract(dst, tarOf(t, entries...), Limits{Bytes: 1 << 20, Entries: 100})
 			wantStatus(t, err, http.StatusBadRequest)
 			sameTree(t, before, snapshot(t, parent))
 
 			// Into a directory that does not exist yet: it still does not.
-			_, err = Extract(filepath.Join(parent, "new", "dest"), tarOf(t, entries...), 1<<20, 100)
+			_, err = box.Extract(filepath.Join(parent, "new", "dest"), tarOf(t, entries...), Limits{Bytes: 1 << 20, Entries: 100})
 			wantStatus(t, err, http.StatusBadRequest)
 			sameTree(t, before, snapshot(t, parent))
 		})
@@ -258,7 +266,7 @@ func TestArchiveRefusesWritingThroughSymlinksAlreadyInDest(t *testing.T) {
 		{{name: "link/f", body: "x"}},
 		{{name: "l2", typ: tar.TypeSymlink, link: "up/outside"}},
 	} {
-		_, err := Extract(dst, tarOf(t, entries...), 1<<20, 100)
+		_, err := box.Extract(dst, tarOf(t, entries...), Limits{Bytes: 1 << 20, Entries: 100})
 		wantStatus(t, err, http.StatusBadRequest)
 		sameTree(t, before, snapshot(t, parent))
 	}
@@ -271,15 +279,15 @@ func TestArchiveLimits(t *testing.T) {
 	before := snapshot(t, parent)
 	big := strings.Repeat("x", 600)
 
-	_, err := Extract(dst, tarOf(t, entry{name: "a", body: big}, entry{name: "b", body: big}), 1000, 100)
+	_, err := box.Extract(dst, tarOf(t, entry{name: "a", body: big}, entry{name: "b", body: big}), Limits{Bytes: 1000, Entries: 100})
 	wantStatus(t, err, http.StatusRequestEntityTooLarge)
 	sameTree(t, before, snapshot(t, parent))
 
-	_, err = Extract(dst, tarOf(t, entry{name: "a"}, entry{name: "b"}, entry{name: "c"}), 1000, 2)
+	_, err = box.Extract(dst, tarOf(t, entry{name: "a"}, entry{name: "b"}, entry{name: "c"}), Limits{Bytes: 1000, Entries: 2})
 	wantStatus(t, err, http.StatusRequestEntityTooLarge)
 	sameTree(t, before, snapshot(t, parent))
 
-	res, err := Extract(dst, tarOf(t, entry{name: "a", body: big}, entry{name: "b", body: "y"}), 601, 2)
+	res, err := box.Extract(dst, tarOf(t, entry{name: "a", body: big}, entry{name: "b", body: "y"}), Limits{Bytes: 601, Entries: 2})
 	if err != nil || res.Entries != 2 || res.Bytes != 601 {
 		t.Fatalf("at the limits: %+v %v", res, err)
 	}
@@ -291,7 +299,7 @@ func TestArchiveBodyFormats(t *testing.T) {
 	zw := gzip.NewWriter(&gz)
 	_, _ = zw.Write(tarOf(t, entry{name: "z.txt", body: "zipped"}).Bytes())
 	_ = zw.Close()
-	if _, err := Extract(dst, &gz, 1000, 10); err != nil {
+	if _, err := box.Extract(dst, &gz, Limits{Bytes: 1000, Entries: 10}); err != nil {
 		t.Fatal(err)
 	}
 	assertContent(t, filepath.Join(dst, "z.txt"), "zipped")
@@ -302,7 +310,7 @@ func TestArchiveBodyFormats(t *testing.T) {
 		"cut-off tar":    tarOf(t, entry{name: "big", body: strings.Repeat("b", 5000)}).Bytes()[:2000],
 		"duplicate kind": tarOf(t, entry{name: "x/", typ: tar.TypeDir}, entry{name: "x", body: "file over dir"}).Bytes(),
 	} {
-		_, err := Extract(dst, bytes.NewReader(body), 1<<20, 10)
+		_, err := box.Extract(dst, bytes.NewReader(body), Limits{Bytes: 1 << 20, Entries: 10})
 		if err == nil {
 			t.Fatalf("%s: accepted", name)
 		}
@@ -312,8 +320,8 @@ func TestArchiveBodyFormats(t *testing.T) {
 
 	// A file into the place of an existing file of dest is fine; over a directory it is not.
 	mustWrite(t, filepath.Join(dst, "dir", "f"), "f")
-	_, err := Extract(dst, tarOf(t, entry{name: "dir", body: "x"}), 1000, 10)
+	_, err := box.Extract(dst, tarOf(t, entry{name: "dir", body: "x"}), Limits{Bytes: 1000, Entries: 10})
 	wantStatus(t, err, http.StatusConflict)
-	_, err = Extract(filepath.Join(dst, "z.txt"), tarOf(t, entry{name: "a", body: "x"}), 1000, 10)
+	_, err = box.Extract(filepath.Join(dst, "z.txt"), tarOf(t, entry{name: "a", body: "x"}), Limits{Bytes: 1000, Entries: 10})
 	wantStatus(t, err, http.StatusBadRequest)
 }

@@ -7,28 +7,18 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"math/rand/v2"
+	"net/http"
 	"os"
 	"path"
 	"path/filepath"
-	"strings"
+	"slices"
+	"strconv"
 	"syscall"
 	"time"
 
 	"sandbox-bridge.io/boxd/errs"
 )
-
-// Check validates a path from a request (absolute, no NUL) and returns it cleaned.
-func Check(p string) (string, error) {
-	switch {
-	case p == "":
-		return "", errs.Invalid("path is required")
-	case strings.IndexByte(p, 0) >= 0:
-		return "", errs.Invalid("path contains a NUL byte")
-	case !filepath.IsAbs(p):
-		return "", errs.Invalid("path must be absolute: %q", p)
-	}
-	return filepath.Clean(p), nil
-}
 
 // kind names a file type for messages.
 func kind(m fs.FileMode) string {
@@ -52,35 +42,29 @@ func notRegular(p string, m fs.FileMode) error {
 }
 
 // Open opens the regular file p for reading and returns it with its size. Larger than
-// maxBytes (> 0): payload_too_large, nothing read.
-func Open(p string, maxBytes int64) (*os.File, int64, error) {
-	p, err := Check(p)
+// maxBytes (> 0): payload_too_large, nothing read. What is checked (type, size, boxd's own
+// directories) is what gets read: p is opened as O_PATH, checked, then reopened through that
+// very descriptor, so a symlink swapped meanwhile changes nothing and a device or FIFO is never
+// opened for real.
+func (b *Box) Open(p string, maxBytes int64) (*os.File, int64, error) {
+	p, err := b.resolve(p, itself)
 	if err != nil {
 		return nil, 0, err
 	}
-	// Refuse by type before opening: opening some devices has effects of its own.
-	fi, err := os.Stat(p)
+	pf, fi, err := b.openPath(p, itself)
 	if err != nil {
-		return nil, 0, errs.FromOS(p, err)
+		return nil, 0, err
 	}
+	defer pf.Close()
 	if !fi.Mode().IsRegular() {
 		return nil, 0, notRegular(p, fi.Mode())
 	}
-	// O_NONBLOCK: if p was swapped for a FIFO since the check, opening it does not block.
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if maxBytes > 0 && fi.Size() > maxBytes {
+		return nil, 0, errs.TooLarge("%s is %d bytes, more than the limit of %d", p, fi.Size(), maxBytes)
+	}
+	f, err := os.OpenFile(fdPath(pf), os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return nil, 0, errs.FromOS(p, err)
-	}
-	if fi, err = f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		_ = f.Close()
-		if err != nil {
-			return nil, 0, errs.FromOS(p, err)
-		}
-		return nil, 0, notRegular(p, fi.Mode())
-	}
-	if maxBytes > 0 && fi.Size() > maxBytes {
-		_ = f.Close()
-		return nil, 0, errs.TooLarge("%s is %d bytes, more than the limit of %d", p, fi.Size(), maxBytes)
 	}
 	return f, fi.Size(), nil
 }
@@ -94,51 +78,45 @@ type WriteResult struct {
 // Write replaces the regular file p with body: the bytes go to a temporary file in the same
 // directory, renamed over p only when complete, so a reader never sees half a file and a
 // refused or cut-off upload changes nothing. Parents are created (0755). mode applies to a new
-// file; an existing one keeps its mode. Writing to a symlink writes its target.
-func Write(p string, body io.Reader, maxBytes int64, mode fs.FileMode) (WriteResult, error) {
-	p, err := Check(p)
+// file; an existing one keeps its mode. Writing to a symlink writes the file it ends at (a
+// dangling symlink is itself replaced).
+func (b *Box) Write(p string, body io.Reader, maxBytes int64, mode fs.FileMode) (WriteResult, error) {
+	p, err := b.resolve(p, itself)
 	if err != nil {
 		return WriteResult{}, err
 	}
-	target := p
-	if fi, err := os.Lstat(p); err == nil {
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if resolved, err := filepath.EvalSymlinks(p); err == nil {
-				target = resolved
-				fi, err = os.Lstat(target)
-				if err != nil {
-					return WriteResult{}, errs.FromOS(p, err)
-				}
-			}
-		}
-		switch {
-		case fi.Mode()&fs.ModeSymlink != 0: // dangling: the link itself is replaced
-		case !fi.Mode().IsRegular():
-			return WriteResult{}, notRegular(p, fi.Mode())
-		default:
-			mode = fi.Mode().Perm()
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return WriteResult{}, errs.FromOS(p, err)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return WriteResult{}, errs.FromOS(filepath.Dir(p), err)
 	}
-
-	dir := filepath.Dir(target)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return WriteResult{}, errs.FromOS(dir, err)
+	dir, name, keep, err := b.writeTarget(p)
+	if err != nil {
+		return WriteResult{}, err
 	}
-	base := filepath.Base(target)
+	defer dir.Close()
+	if keep != nil {
+		mode = *keep
+	}
+	base := name
 	if len(base) > 64 {
 		base = base[:64]
 	}
-	tmp, err := os.CreateTemp(dir, "."+base+".boxd-*")
+	var tmpName string
+	var tmp *os.File
+	for range 100 {
+		tmpName = "." + base + ".boxd-" + strconv.FormatUint(rand.Uint64(), 36)
+		tmp, err = os.OpenFile(at(dir, tmpName), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if !errors.Is(err, fs.ErrExist) {
+			break
+		}
+	}
 	if err != nil {
-		return WriteResult{}, errs.FromOS(dir, err)
+		return WriteResult{}, errs.FromOS(filepath.Dir(p), err)
 	}
 	done := false
 	defer func() {
 		if !done {
 			_ = tmp.Close()
-			_ = os.Remove(tmp.Name())
+			_ = os.Remove(at(dir, tmpName))
 		}
 	}()
 	src := &bodyReader{r: body}
@@ -155,11 +133,97 @@ func Write(p string, body io.Reader, maxBytes int64, mode fs.FileMode) (WriteRes
 	if err := tmp.Close(); err != nil {
 		return WriteResult{}, errs.FromOS(p, err)
 	}
-	if err := os.Rename(tmp.Name(), target); err != nil {
+	// Relative to the directory that was checked: whatever its path names by now.
+	if err := os.Rename(at(dir, tmpName), at(dir, name)); err != nil {
 		return WriteResult{}, errs.FromOS(p, err)
 	}
 	done = true
 	return WriteResult{Path: p, Size: n}, nil
+}
+
+// writeTarget finds where a write of p lands: the open directory, the name in it, and the
+// mode to keep when a regular file is there. Symlinks are followed one at a time, each
+// directory opened and checked, so no hop can lead into boxd's own directories unseen.
+func (b *Box) writeTarget(p string) (dir *os.File, name string, keep *fs.FileMode, err error) {
+	var first *os.File // p's own directory, once p turned out to be a symlink
+	fail := func(err error) (*os.File, string, *fs.FileMode, error) {
+		if first != nil {
+			_ = first.Close()
+		}
+		return nil, "", nil, err
+	}
+	cur := p
+	for range 40 {
+		var real string
+		dir, name, real, err = b.openParent(p, cur, itself)
+		if err != nil {
+			if s := errs.As(err).Status; first != nil && (s == http.StatusNotFound || s == http.StatusBadRequest) {
+				return first, filepath.Base(p), nil, nil // a symlink to nowhere: replaced itself
+			}
+			return fail(err)
+		}
+		fi, err := os.Lstat(at(dir, name))
+		if errors.Is(err, fs.ErrNotExist) {
+			if first == nil {
+				return dir, name, nil, nil // a new file
+			}
+			_ = dir.Close()
+			return first, filepath.Base(p), nil, nil
+		}
+		if err != nil {
+			_ = dir.Close()
+			return fail(errs.FromOS(p, err))
+		}
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			link, err := os.Readlink(at(dir, name))
+			if err != nil {
+				_ = dir.Close()
+				return fail(errs.FromOS(p, err))
+			}
+			if !filepath.IsAbs(link) {
+				link = filepath.Join(filepath.Dir(real), link)
+			}
+			cur = filepath.Clean(link)
+			if first == nil {
+				first = dir
+			} else {
+				_ = dir.Close()
+			}
+		case fi.Mode().IsRegular():
+			if first != nil {
+				_ = first.Close()
+			}
+			m := fi.Mode().Perm()
+			return dir, name, &m, nil
+		default:
+			_ = dir.Close()
+			return fail(notRegular(p, fi.Mode()))
+		}
+	}
+	return fail(errs.Invalid("%s: too many levels of symbolic links", p))
+}
+
+// openParent opens cur's directory (following symlinks) and checks the real path of cur's
+// entry in it; shown is the path the route named. It returns the directory, the name in it and
+// that real path.
+func (b *Box) openParent(shown, cur string, r reach) (*os.File, string, string, error) {
+	dir, err := b.openDir(filepath.Dir(cur), itself)
+	if err != nil {
+		return nil, "", "", err
+	}
+	dirReal, err := realPath(dir)
+	if err != nil {
+		_ = dir.Close()
+		return nil, "", "", errs.Internal("%s: cannot tell what was opened (is /proc mounted?): %v", shown, err)
+	}
+	name := filepath.Base(cur)
+	real := filepath.Join(dirReal, name)
+	if err := b.refuse(shown, real, r); err != nil {
+		_ = dir.Close()
+		return nil, "", "", err
+	}
+	return dir, name, real, nil
 }
 
 // bodyReader remembers a failed read, so a cut-off upload is told apart from a failed write.
@@ -216,26 +280,29 @@ var errStop = errors.New("stop")
 
 // List lists the directory p (recursive: everything below it, depth first in name order), at
 // most limit entries. Symlinks are listed, not followed; unreadable subdirectories are skipped.
-func List(p string, recursive bool, limit int) (Listing, error) {
-	p, err := Check(p)
+// A listing that would show or enter one of boxd's own directories is refused.
+func (b *Box) List(p string, recursive bool, limit int) (Listing, error) {
+	r := entries
+	if recursive {
+		r = tree
+	}
+	p, err := b.resolve(p, r)
 	if err != nil {
 		return Listing{}, err
 	}
-	fi, err := os.Stat(p)
+	dir, err := b.openDir(p, r)
 	if err != nil {
-		return Listing{}, errs.FromOS(p, err)
+		return Listing{}, err
 	}
-	if !fi.IsDir() {
-		return Listing{}, errs.Invalid("%s is not a directory", p)
-	}
+	defer dir.Close()
 	l := Listing{Path: p, Entries: []Entry{}}
-	err = walk(p, "", recursive, func(full, _ string, fi fs.FileInfo) error {
+	err = b.walk(dir, "", recursive, func(_ *os.File, _, rel string, fi fs.FileInfo) error {
 		if len(l.Entries) == limit {
 			l.Truncated = true
 			return errStop
 		}
 		l.Entries = append(l.Entries, Entry{
-			Path: full, Name: fi.Name(), Type: entryType(fi.Mode()), Size: fi.Size(),
+			Path: filepath.Join(p, rel), Name: fi.Name(), Type: entryType(fi.Mode()), Size: fi.Size(),
 			Mode: uint32(fi.Mode().Perm()), Modified: fi.ModTime().UTC(),
 		})
 		return nil
@@ -246,30 +313,54 @@ func List(p string, recursive bool, limit int) (Listing, error) {
 	return l, nil
 }
 
-// walk calls fn for each entry below dir (not dir itself) in name order, depth first, never
-// following symlinks; rel is the path relative to the walk's root. A directory that cannot be
-// read goes to onErr, whose error (if any) ends the walk.
-func walk(dir, rel string, recursive bool, fn func(full, rel string, fi fs.FileInfo) error, onErr func(dir string, err error) error) error {
-	entries, err := os.ReadDir(dir)
+// walk calls fn for each entry below the open directory dir (not dir itself) in name order,
+// depth first; rel is the entry's path relative to the walk's root, name its name in dir. It
+// never goes through a path: each entry is looked at, and each subdirectory opened (O_NOFOLLOW),
+// relative to its parent's descriptor, so a directory swapped for a symlink while the walk runs
+// is never entered; boxd's own directories, wherever met, are neither shown nor entered. A
+// directory that cannot be read goes to onErr, whose error (if any) ends the walk.
+func (b *Box) walk(dir *os.File, rel string, recursive bool, fn func(dir *os.File, name, rel string, fi fs.FileInfo) error, onErr func(rel string, err error) error) error {
+	names, err := dir.Readdirnames(-1)
 	if err != nil {
-		return onErr(dir, err)
+		return onErr(rel, err)
 	}
-	for _, e := range entries {
-		full, r := filepath.Join(dir, e.Name()), path.Join(rel, e.Name())
-		fi, err := e.Info()
+	slices.Sort(names)
+	for _, name := range names {
+		r := path.Join(rel, name)
+		fi, err := os.Lstat(at(dir, name))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // removed since the directory was read
 		}
 		if err != nil {
 			return err
 		}
-		if err := fn(full, r, fi); err != nil {
+		if b.isOwn(fi) {
+			continue
+		}
+		if err := fn(dir, name, r, fi); err != nil {
 			return err
 		}
-		if recursive && fi.IsDir() {
-			if err := walk(full, r, true, fn, onErr); err != nil {
+		if !recursive || !fi.IsDir() {
+			continue
+		}
+		sub, err := os.OpenFile(at(dir, name), os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ELOOP) || errors.Is(err, syscall.ENOTDIR) {
+			continue // removed, or swapped for a symlink or a file, since it was looked at
+		}
+		if err != nil {
+			if err := onErr(r, err); err != nil {
 				return err
 			}
+			continue
+		}
+		if fi, err := sub.Stat(); err != nil || b.isOwn(fi) {
+			_ = sub.Close()
+			continue // boxd's own directory, moved here since it was looked at
+		}
+		err = b.walk(sub, r, true, fn, onErr)
+		_ = sub.Close()
+		if err != nil {
+			return err
 		}
 	}
 	return nil
@@ -282,32 +373,32 @@ type DeleteResult struct {
 }
 
 // Delete removes p (a directory only when empty, or with recursive). p must not be /, nor be,
-// contain or lie inside a protected directory (boxd's own mounts).
-func Delete(p string, recursive bool, protected []string) (DeleteResult, error) {
-	p, err := Check(p)
+// contain or lie inside one of boxd's own directories. A symlink is removed, not its target.
+func (b *Box) Delete(p string, recursive bool) (DeleteResult, error) {
+	if c, err := clean(p); err == nil && c == "/" {
+		return DeleteResult{}, errs.Invalid("refusing to delete /")
+	}
+	p, err := b.resolve(p, removal)
 	if err != nil {
 		return DeleteResult{}, err
 	}
-	if p == "/" {
-		return DeleteResult{}, errs.Invalid("refusing to delete /")
+	dir, name, _, err := b.openParent(p, p, removal)
+	if err != nil {
+		return DeleteResult{}, err
 	}
-	for _, dir := range protected {
-		if within(p, dir) || within(dir, p) {
-			return DeleteResult{}, errs.Invalid("%s is protected: it holds boxd or its credentials", p)
-		}
-	}
-	fi, err := os.Lstat(p)
+	defer dir.Close()
+	target := at(dir, name) // in the directory just checked, whatever its path names by now
+	fi, err := os.Lstat(target)
 	if err != nil {
 		return DeleteResult{}, errs.FromOS(p, err)
 	}
-	if fi.IsDir() && recursive {
-		err = os.RemoveAll(p)
-	} else {
-		if fi.IsDir() {
-			err = syscall.Rmdir(p)
-		} else {
-			err = syscall.Unlink(p)
-		}
+	switch {
+	case fi.IsDir() && recursive:
+		err = os.RemoveAll(target) // never follows symlinks below it
+	case fi.IsDir():
+		err = syscall.Rmdir(target)
+	default:
+		err = syscall.Unlink(target)
 	}
 	if err != nil {
 		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
@@ -316,9 +407,4 @@ func Delete(p string, recursive bool, protected []string) (DeleteResult, error) 
 		return DeleteResult{}, errs.FromOS(p, err)
 	}
 	return DeleteResult{Path: p, Deleted: true}, nil
-}
-
-// within reports whether p is dir or below it (both cleaned).
-func within(p, dir string) bool {
-	return dir == "/" || p == dir || strings.HasPrefix(p, dir+"/")
 }

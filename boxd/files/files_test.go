@@ -26,12 +26,15 @@ func mustWrite(t *testing.T, path, content string) {
 	}
 }
 
-func TestCheck(t *testing.T) {
+// box is the box of tests that need no protected directory.
+var box = NewBox(nil)
+
+func TestResolveChecksPathsLexically(t *testing.T) {
 	for _, bad := range []string{"", "relative/x", "/a\x00b"} {
-		_, err := Check(bad)
+		_, err := box.resolve(bad, itself)
 		wantStatus(t, err, http.StatusBadRequest)
 	}
-	if p, err := Check("/a/./b/../c/"); err != nil || p != "/a/c" {
+	if p, err := box.resolve("/a/./b/../c/", tree); err != nil || p != "/a/c" {
 		t.Fatalf("%q %v", p, err)
 	}
 }
@@ -44,7 +47,7 @@ func TestOpenRefusesWhatIsNotARegularFile(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		f, _, err := Open(fifo, 0)
+		f, _, err := box.Open(fifo, 0)
 		if f != nil {
 			f.Close()
 		}
@@ -57,19 +60,19 @@ func TestOpenRefusesWhatIsNotARegularFile(t *testing.T) {
 		t.Fatal("reading a FIFO blocked")
 	}
 	// Writing one is refused too (and does not replace it).
-	_, err := Write(fifo, strings.NewReader("x"), 10, 0o644)
+	_, err := box.Write(fifo, strings.NewReader("x"), 10, 0o644)
 	wantStatus(t, err, http.StatusBadRequest)
 	if fi, err := os.Lstat(fifo); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
 		t.Fatalf("the FIFO was replaced: %v", err)
 	}
 
-	_, _, err = Open(dir, 0)
+	_, _, err = box.Open(dir, 0)
 	wantStatus(t, err, http.StatusBadRequest)
-	_, _, err = Open("/dev/null", 0)
+	_, _, err = box.Open("/dev/null", 0)
 	wantStatus(t, err, http.StatusBadRequest)
-	_, _, err = Open(filepath.Join(dir, "missing"), 0)
+	_, _, err = box.Open(filepath.Join(dir, "missing"), 0)
 	wantStatus(t, err, http.StatusNotFound)
-	_, _, err = Open(filepath.Join(dir, "missing", "deeper"), 0)
+	_, _, err = box.Open(filepath.Join(dir, "missing", "deeper"), 0)
 	wantStatus(t, err, http.StatusNotFound)
 }
 
@@ -77,7 +80,7 @@ func TestOpenSizeLimitAndPermission(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "f")
 	mustWrite(t, p, "0123456789")
-	f, size, err := Open(p, 10)
+	f, size, err := box.Open(p, 10)
 	if err != nil || size != 10 {
 		t.Fatalf("%d %v", size, err)
 	}
@@ -86,14 +89,14 @@ func TestOpenSizeLimitAndPermission(t *testing.T) {
 	if string(b) != "0123456789" {
 		t.Fatalf("%q", b)
 	}
-	_, _, err = Open(p, 9)
+	_, _, err = box.Open(p, 9)
 	wantStatus(t, err, http.StatusRequestEntityTooLarge)
 
 	if os.Geteuid() != 0 { // root reads anything
 		if err := os.Chmod(p, 0); err != nil {
 			t.Fatal(err)
 		}
-		_, _, err = Open(p, 0)
+		_, _, err = box.Open(p, 0)
 		wantStatus(t, err, http.StatusForbidden)
 	}
 }
@@ -101,7 +104,7 @@ func TestOpenSizeLimitAndPermission(t *testing.T) {
 func TestWrite(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "a", "b", "c.txt")
-	res, err := Write(p, strings.NewReader("hello"), 100, 0o600)
+	res, err := box.Write(p, strings.NewReader("hello"), 100, 0o600)
 	if err != nil || res.Size != 5 || res.Path != p {
 		t.Fatalf("%+v %v", res, err)
 	}
@@ -112,7 +115,7 @@ func TestWrite(t *testing.T) {
 		t.Fatalf("parent: %v", fi.Mode())
 	}
 	// An existing file keeps its mode.
-	if _, err := Write(p, strings.NewReader("again"), 100, 0o777); err != nil {
+	if _, err := box.Write(p, strings.NewReader("again"), 100, 0o777); err != nil {
 		t.Fatal(err)
 	}
 	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
@@ -120,21 +123,21 @@ func TestWrite(t *testing.T) {
 	}
 
 	// Too large: 413, the old content stays, no temporary file left.
-	_, err = Write(p, strings.NewReader("0123456789"), 9, 0o644)
+	_, err = box.Write(p, strings.NewReader("0123456789"), 9, 0o644)
 	wantStatus(t, err, http.StatusRequestEntityTooLarge)
 	assertContent(t, p, "again")
 	assertOnly(t, filepath.Join(dir, "a", "b"), "c.txt")
 
 	// A cut-off body: nothing changes.
-	_, err = Write(p, io.MultiReader(strings.NewReader("partial"), errReader{}), 100, 0o644)
+	_, err = box.Write(p, io.MultiReader(strings.NewReader("partial"), errReader{}), 100, 0o644)
 	wantStatus(t, err, http.StatusBadRequest)
 	assertContent(t, p, "again")
 	assertOnly(t, filepath.Join(dir, "a", "b"), "c.txt")
 
 	// A directory is refused; a file as a parent too.
-	_, err = Write(dir, strings.NewReader("x"), 10, 0o644)
+	_, err = box.Write(dir, strings.NewReader("x"), 10, 0o644)
 	wantStatus(t, err, http.StatusBadRequest)
-	_, err = Write(filepath.Join(p, "under-a-file"), strings.NewReader("x"), 10, 0o644)
+	_, err = box.Write(filepath.Join(p, "under-a-file"), strings.NewReader("x"), 10, 0o644)
 	wantStatus(t, err, http.StatusBadRequest)
 
 	// Through a symlink: the target is written, the link stays.
@@ -142,7 +145,7 @@ func TestWrite(t *testing.T) {
 	if err := os.Symlink(p, link); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Write(link, strings.NewReader("via link"), 100, 0o644); err != nil {
+	if _, err := box.Write(link, strings.NewReader("via link"), 100, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	assertContent(t, p, "via link")
@@ -190,7 +193,7 @@ func TestList(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	l, err := List(dir, false, 100)
+	l, err := box.List(dir, false, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +207,7 @@ func TestList(t *testing.T) {
 		t.Fatalf("%+v", l)
 	}
 
-	l, err = List(dir, true, 100)
+	l, err = box.List(dir, true, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,18 +220,18 @@ func TestList(t *testing.T) {
 		t.Fatalf("recursive: %v", paths)
 	}
 
-	l, err = List(dir, true, 3)
+	l, err = box.List(dir, true, 3)
 	if err != nil || len(l.Entries) != 3 || !l.Truncated {
 		t.Fatalf("limit: %+v %v", l, err)
 	}
-	l, err = List(filepath.Join(dir, "a"), true, 1)
+	l, err = box.List(filepath.Join(dir, "a"), true, 1)
 	if err != nil || len(l.Entries) != 1 || l.Truncated {
 		t.Fatalf("exactly the limit: %+v %v", l, err)
 	}
 
-	_, err = List(filepath.Join(dir, "b.txt"), false, 10)
+	_, err = box.List(filepath.Join(dir, "b.txt"), false, 10)
 	wantStatus(t, err, http.StatusBadRequest)
-	_, err = List(filepath.Join(dir, "nope"), false, 10)
+	_, err = box.List(filepath.Join(dir, "nope"), false, 10)
 	wantStatus(t, err, http.StatusNotFound)
 }
 
@@ -243,28 +246,30 @@ func TestDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err := Delete(filepath.Join(dir, "full"), false, nil)
+	_, err := box.Delete(filepath.Join(dir, "full"), false)
 	wantStatus(t, err, http.StatusConflict)
 	assertContent(t, filepath.Join(dir, "full", "f"), "x")
 
 	for _, name := range []string{"file", "empty", "link"} {
-		if res, err := Delete(filepath.Join(dir, name), false, nil); err != nil || !res.Deleted {
+		if res, err := box.Delete(filepath.Join(dir, name), false); err != nil || !res.Deleted {
 			t.Fatalf("%s: %+v %v", name, res, err)
 		}
 	}
 	assertContent(t, filepath.Join(dir, "full", "f"), "x") // the link went, not its target
-	if _, err := Delete(filepath.Join(dir, "full"), true, nil); err != nil {
+	if _, err := box.Delete(filepath.Join(dir, "full"), true); err != nil {
 		t.Fatal(err)
 	}
 	assertOnly(t, dir)
-	_, err = Delete(filepath.Join(dir, "full"), true, nil)
+	_, err = box.Delete(filepath.Join(dir, "full"), true)
 	wantStatus(t, err, http.StatusNotFound)
 
-	protected := []string{"/opt/sandbox-bridge/secret", "/opt/sandbox-bridge/bin"}
-	for _, p := range []string{"/", "/opt", "/opt/sandbox-bridge", "/opt/sandbox-bridge/bin", "/opt/sandbox-bridge/bin/boxd"} {
-		_, err := Delete(p, true, protected)
-		wantStatus(t, err, http.StatusBadRequest)
+	own := NewBox([]string{"/opt/sandbox-bridge/secret", "/opt/sandbox-bridge/bin"})
+	_, err = own.Delete("/", true)
+	wantStatus(t, err, http.StatusBadRequest)
+	for _, p := range []string{"/opt", "/opt/sandbox-bridge", "/opt/sandbox-bridge/bin", "/opt/sandbox-bridge/bin/boxd"} {
+		_, err := own.Delete(p, true)
+		wantStatus(t, err, http.StatusForbidden)
 	}
-	_, err = Delete("/", true, nil)
+	_, err = box.Delete("/", true)
 	wantStatus(t, err, http.StatusBadRequest)
 }

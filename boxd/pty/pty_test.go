@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -149,12 +150,26 @@ func TestResizeChangesSttySize(t *testing.T) {
 
 func TestDroppedConnectionKillsTheTerminal(t *testing.T) {
 	m := newManager(t)
-	tm := open(t, m, Request{Cols: 80, Rows: 24, Command: `sleep 100 & echo "bg=$!"; sleep 100`})
-	tm.waitFor("bg=")
+	// The background sleep ignores SIGHUP, so only boxd's tree kill can end it (not the hangup
+	// the kernel sends when the shell, the terminal's session leader, dies).
+	tm := open(t, m, Request{Cols: 80, Rows: 24, Command: `trap '' HUP; sleep 100 & echo "bg=$!."; sleep 100`})
+	tm.waitFor(".") // the whole number, not just its first digits
 	tm.mu.Lock()
-	shell := tm.pid
-	bg, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(tm.out.String(), "bg=", 2)[1]))
+	shell, out := tm.pid, tm.out.String()
 	tm.mu.Unlock()
+	m1 := regexp.MustCompile(`bg=([0-9]+)\.`).FindStringSubmatch(out)
+	if m1 == nil {
+		t.Fatalf("no background pid in %q", out)
+	}
+	bg, err := strconv.Atoi(m1[1])
+	if err != nil || shell <= 1 || bg <= 1 {
+		t.Fatalf("shell pid %d, background pid from %q: %v", shell, out, err)
+	}
+	for _, pid := range []int{shell, bg} { // both alive before the drop, or "gone" proves nothing
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+			t.Fatalf("pid %d is not running before the drop: %v", pid, err)
+		}
+	}
 	tm.conn.Close()
 	for _, pid := range []int{shell, bg} {
 		testkit.WaitGone(t, pid, "a process of the dropped terminal")

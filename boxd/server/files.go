@@ -10,6 +10,9 @@ import (
 	"sandbox-bridge.io/boxd/files"
 )
 
+// box is the file system the file and archive routes see: boxd's own directories cut out.
+func (s *server) box() *files.Box { return files.NewBox(s.Protected) }
+
 func (s *server) readFile(w http.ResponseWriter, r *http.Request) {
 	q := newQuery(r)
 	path, max := q.str("path"), q.positive("max_bytes", defaultMaxBytes)
@@ -17,7 +20,7 @@ func (s *server) readFile(w http.ResponseWriter, r *http.Request) {
 		writeError(w, q.err)
 		return
 	}
-	f, size, err := files.Open(path, max)
+	f, size, err := s.box().Open(path, max)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -49,7 +52,7 @@ func (s *server) writeFile(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.TooLarge("the content is %d bytes, more than the limit of %d; nothing was written", r.ContentLength, max))
 		return
 	}
-	res, err := files.Write(path, r.Body, max, mode)
+	res, err := s.box().Write(path, r.Body, max, mode)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -64,7 +67,7 @@ func (s *server) listFiles(w http.ResponseWriter, r *http.Request) {
 		writeError(w, q.err)
 		return
 	}
-	l, err := files.List(path, recursive, int(min(limit, 1<<30)))
+	l, err := s.box().List(path, recursive, int(min(limit, 1<<30)))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -79,7 +82,7 @@ func (s *server) deleteFile(w http.ResponseWriter, r *http.Request) {
 		writeError(w, q.err)
 		return
 	}
-	res, err := files.Delete(path, recursive, s.Protected)
+	res, err := s.box().Delete(path, recursive)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -90,19 +93,25 @@ func (s *server) deleteFile(w http.ResponseWriter, r *http.Request) {
 func (s *server) readArchive(w http.ResponseWriter, r *http.Request) {
 	q := newQuery(r)
 	path, gz := q.str("path"), q.bool("gzip")
+	// No limit unless asked for (0); counted as PUT /v1/archive counts.
+	lim := files.Limits{Bytes: q.int("max_bytes", 0), Entries: q.int("max_entries", 0)}
 	if q.err != nil {
 		writeError(w, q.err)
 		return
 	}
-	a, err := files.PrepareArchive(path)
+	a, err := s.box().PrepareArchive(path, lim)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	defer a.Close()
 	w.Header().Set("Content-Type", "application/x-tar")
 	if gz {
 		w.Header().Set("Content-Type", "application/gzip")
 	}
+	// What the tree held when counted; the stream never goes past the limits asked for.
+	w.Header().Set("X-Boxd-Archive-Entries", strconv.FormatInt(a.Entries, 10))
+	w.Header().Set("X-Boxd-Archive-Bytes", strconv.FormatInt(a.Bytes, 10))
 	w.WriteHeader(http.StatusOK)
 	if err := a.WriteTo(w, gz); err != nil {
 		// Mid-stream: end the response without its terminating chunk, so the client sees a
@@ -114,12 +123,12 @@ func (s *server) readArchive(w http.ResponseWriter, r *http.Request) {
 func (s *server) writeArchive(w http.ResponseWriter, r *http.Request) {
 	q := newQuery(r)
 	path := q.str("path")
-	maxBytes, maxEntries := q.positive("max_bytes", defaultMaxBytes), q.positive("max_entries", defaultMaxEntries)
+	lim := files.Limits{Bytes: q.positive("max_bytes", defaultMaxBytes), Entries: q.positive("max_entries", defaultMaxEntries)}
 	if q.err != nil {
 		writeError(w, q.err)
 		return
 	}
-	res, err := files.Extract(path, r.Body, maxBytes, maxEntries)
+	res, err := s.box().Extract(path, r.Body, lim)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -431,7 +431,7 @@ func TestFilesOverHTTP(t *testing.T) {
 	wantError(t, b.do("GET", "/v1/files/list?limit=0&path=/", nil), 400, "invalid_request")
 
 	wantError(t, b.do("DELETE", "/v1/files?path="+url.QueryEscape(filepath.Dir(p)), nil), 409, "conflict")
-	wantError(t, b.do("DELETE", "/v1/files?recursive=true&path="+url.QueryEscape(b.secret), nil), 400, "invalid_request")
+	wantError(t, b.do("DELETE", "/v1/files?recursive=true&path="+url.QueryEscape(b.secret), nil), 403, "forbidden")
 	wantError(t, b.do("DELETE", "/v1/files?recursive=true&path=/", nil), 400, "invalid_request")
 	var d struct {
 		Deleted bool
@@ -457,8 +457,9 @@ func TestArchivesOverHTTP(t *testing.T) {
 	resp := b.do("GET", "/v1/archive?gzip=true&path="+url.QueryEscape(src), nil)
 	tgz, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/gzip" {
-		t.Fatalf("%d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/gzip" ||
+		resp.Header.Get("X-Boxd-Archive-Entries") != "55" || resp.Header.Get("X-Boxd-Archive-Bytes") != strconv.Itoa(49*50/2) {
+		t.Fatalf("%d %v", resp.StatusCode, resp.Header)
 	}
 	dst := filepath.Join(b.workdir, "dst")
 	var res struct {
@@ -479,6 +480,119 @@ func TestArchivesOverHTTP(t *testing.T) {
 	wantError(t, b.do("PUT", "/v1/archive?path="+url.QueryEscape(dst), &evil), 400, "invalid_request")
 	wantError(t, b.do("PUT", "/v1/archive?max_entries=3&path="+url.QueryEscape(dst), bytes.NewReader(tgz)), 413, "payload_too_large")
 	wantError(t, b.do("GET", "/v1/archive?path="+url.QueryEscape(b.workdir+"/missing"), nil), 404, "not_found")
+}
+
+// Every file and archive route refuses boxd's own directories, named directly, climbed to
+// with "..", or reached through symlinks box code planted; the credential never comes out.
+func TestFileRoutesRefuseBoxdDirectories(t *testing.T) {
+	b := newBox(t)
+	ws := b.workdir
+	if err := os.Symlink(b.secret, filepath.Join(ws, "l-secret")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(b.secret, auth.TokenFile), filepath.Join(ws, "l-token")); err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(ws, b.secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarball := func() io.Reader {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		_ = tw.WriteHeader(&tar.Header{Name: auth.TokenFile, Typeflag: tar.TypeReg, Mode: 0o644, Size: 1})
+		_, _ = tw.Write([]byte("x"))
+		_ = tw.Close()
+		return &buf
+	}
+	for _, p := range []string{
+		b.secret, filepath.Join(b.secret, auth.TokenFile), ws + "/" + rel + "/" + auth.TokenFile,
+		filepath.Join(ws, "l-token"), filepath.Join(ws, "l-secret"), filepath.Join(ws, "l-secret", auth.TokenFile),
+	} {
+		q := url.QueryEscape(p)
+		for _, call := range []struct {
+			method, path string
+			body         io.Reader
+		}{
+			{"GET", "/v1/files?path=" + q, nil},
+			{"PUT", "/v1/files?path=" + q, strings.NewReader("overwritten")},
+			{"GET", "/v1/files/list?path=" + q, nil},
+			{"GET", "/v1/files/list?recursive=true&path=" + q, nil},
+			{"GET", "/v1/archive?path=" + q, nil},
+			{"PUT", "/v1/archive?path=" + q, tarball()},
+			{"DELETE", "/v1/files?recursive=true&path=" + q, nil},
+		} {
+			if call.method == "DELETE" && (strings.HasSuffix(p, "l-token") || strings.HasSuffix(p, "l-secret")) {
+				continue // deleting a planted symlink deletes the link
+			}
+			msg := wantError(t, b.do(call.method, call.path, call.body), 403, "forbidden")
+			if !strings.Contains(msg, "boxd's own directory") || strings.Contains(msg, token) {
+				t.Fatalf("%s %s: %s", call.method, call.path, msg)
+			}
+		}
+	}
+	// A listing or an archive of the directory holding the secret mount is refused too.
+	parent := url.QueryEscape(filepath.Dir(b.secret))
+	wantError(t, b.do("GET", "/v1/files/list?path="+parent, nil), 403, "forbidden")
+	wantError(t, b.do("GET", "/v1/archive?path="+parent, nil), 403, "forbidden")
+	if got, err := os.ReadFile(filepath.Join(b.secret, auth.TokenFile)); err != nil || string(got) != token {
+		t.Fatalf("the token file changed: %q %v", got, err)
+	}
+}
+
+// GET /v1/archive counts before sending: past max_bytes or max_entries it is 413 with the
+// counts, nothing streamed; a tree that grows past them while streaming is cut off.
+func TestArchiveLimitsOverHTTP(t *testing.T) {
+	b := newBox(t)
+	src := filepath.Join(b.workdir, "src")
+	// A big file first, so the stream is still in it when the tree grows.
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "a-big"), bytes.Repeat([]byte("x"), 32<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(src, "z"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	q := url.QueryEscape(src)
+	msg := wantError(t, b.do("GET", "/v1/archive?max_entries=1&path="+q, nil), 413, "payload_too_large")
+	if !strings.Contains(msg, "2 entries and 33554432 bytes") || !strings.Contains(msg, "more than 1 entries") {
+		t.Fatalf("%s", msg)
+	}
+	msg = wantError(t, b.do("GET", "/v1/archive?max_bytes=1000&path="+q, nil), 413, "payload_too_large")
+	if !strings.Contains(msg, "more than 1000 bytes") {
+		t.Fatalf("%s", msg)
+	}
+	wantError(t, b.do("GET", "/v1/archive?max_bytes=-1&path="+q, nil), 400, "invalid_request")
+
+	// At the limits: the whole archive, and PUT with the same limits takes it.
+	resp := b.do("GET", "/v1/archive?max_entries=2&max_bytes=33554432&path="+q, nil)
+	whole, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || err != nil {
+		t.Fatalf("%d %v", resp.StatusCode, err)
+	}
+	var res struct{ Entries, Bytes int64 }
+	decode(t, b.do("PUT", "/v1/archive?max_entries=2&max_bytes=33554432&path="+url.QueryEscape(filepath.Join(b.workdir, "dst")), bytes.NewReader(whole)), 200, &res)
+	if res.Entries != 2 || res.Bytes != 33554432 {
+		t.Fatalf("%+v", res)
+	}
+
+	// The tree grows once the answer has started (in a directory the stream has not read
+	// yet: it is still sending a-big): the stream breaks.
+	resp = b.do("GET", "/v1/archive?max_entries=2&path="+q, nil)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Boxd-Archive-Entries") != "2" {
+		t.Fatalf("%d %v", resp.StatusCode, resp.Header)
+	}
+	if err := os.WriteFile(filepath.Join(src, "z", "late"), []byte("c"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil {
+		t.Fatalf("a tree grown past max_entries streamed as a whole archive (%d bytes)", len(got))
+	}
 }
 
 func TestPTYOverHTTP(t *testing.T) {
