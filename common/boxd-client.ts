@@ -265,15 +265,26 @@ export class BoxdClient {
       }
       if (Buffer.isBuffer(payload)) headers['content-length'] = payload.length;
       else if (opts.contentLength !== undefined) headers['content-length'] = opts.contentLength;
+      const stream = payload !== undefined && !Buffer.isBuffer(payload) ? payload : undefined;
+      // A streamed body (an upload) is sent only once boxd accepted the call (100-continue): a
+      // call refused before it starts (a sleep's fence, a wrong credential) leaves the stream
+      // unread, so the caller may send it again.
+      if (stream) headers.expect = '100-continue';
       const req = this.request(t, method, path, opts.query, opts.signal, headers, reject);
+      let continued = false;
       req.on('response', (res) => {
-        if ((res.statusCode ?? 500) < 300) resolve(res);
-        else void errorOf(res, t.box).then(reject, reject);
+        if ((res.statusCode ?? 500) < 300) return resolve(res);
+        // Refused before the body was sent: that request can never complete, so its socket goes.
+        const done = stream && !continued ? () => req.destroy() : () => undefined;
+        void errorOf(res, t.box).then(reject, reject).finally(done);
       });
-      if (payload === undefined || Buffer.isBuffer(payload)) req.end(payload);
+      if (!stream) req.end(payload);
       else {
-        payload.on('error', (err) => req.destroy(err));
-        payload.pipe(req);
+        req.once('continue', () => {
+          continued = true;
+          stream.on('error', (err) => req.destroy(err));
+          stream.pipe(req);
+        });
       }
     });
   }

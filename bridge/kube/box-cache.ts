@@ -31,16 +31,17 @@ export interface BoxReader {
   sessionBoxes(sessionHash: string): k8s.V1Pod[];
   /**
    * Resolves with the pod once `ready(pod)` holds; rejects when the pod ends, vanishes, or time
-   * runs out. A pod not in this replica's cache yet (created through another one) is waited for.
+   * runs out. A pod not in this replica's cache yet (created through another one) is waited for;
+   * with `uid`, so is a pod of that name the cache still shows from before (another uid).
    */
-  waitUntil(name: string, ready: (pod: k8s.V1Pod) => boolean, timeoutMs: number): Promise<k8s.V1Pod>;
+  waitUntil(name: string, ready: (pod: k8s.V1Pod) => boolean, timeoutMs: number, uid?: string): Promise<k8s.V1Pod>;
   /**
    * The pod serving a box once this replica's watch shows one (made through another replica a
    * moment ago), or undefined after timeoutMs. Costs no API call.
    */
   waitForBox(boxId: string, timeoutMs: number): Promise<k8s.V1Pod | undefined>;
-  /** Calls back when the pod is deleted or starts terminating; returns an unsubscribe function. */
-  onGone(name: string, callback: () => void): () => void;
+  /** Calls back when the pod (with uid: that very pod) is deleted or starts terminating; returns an unsubscribe function. */
+  onGone(name: string, callback: () => void, uid?: string): () => void;
   isHealthy(): boolean;
   /** Changes whenever a box is added, changed or removed: lets readers cache what they derive. */
   version(): number;
@@ -48,7 +49,8 @@ export interface BoxReader {
 
 export class BoxCache implements BoxReader {
   private readonly informer: ResilientInformer<k8s.V1Pod>;
-  private readonly watchers = new Map<string, Set<(pod: k8s.V1Pod | undefined) => void>>();
+  /** pod name -> who watches it: called with the pod, and whether that pod is gone. */
+  private readonly watchers = new Map<string, Set<(pod: k8s.V1Pod, gone: boolean) => void>>();
   /** box id -> who waits for a pod of that box to show up. */
   private readonly boxWaiters = new Map<string, Set<() => void>>();
   /** box id -> pod name, and back, for session boxes. */
@@ -75,7 +77,7 @@ export class BoxCache implements BoxReader {
     const notify = (pod: k8s.V1Pod, gone: boolean) => {
       const name = pod.metadata?.name;
       if (!name) return;
-      for (const watcher of this.watchers.get(name) ?? []) watcher(gone ? undefined : pod);
+      for (const watcher of this.watchers.get(name) ?? []) watcher(pod, gone);
     };
     for (const event of ['add', 'update', 'delete'] as const) this.informer.on(event, () => this.changes++);
     this.informer.on('add', (pod) => this.index(pod, false));
@@ -174,7 +176,7 @@ export class BoxCache implements BoxReader {
     return this.list().filter((pod) => pod.metadata?.labels?.[LABELS.session] === sessionHash);
   }
 
-  private watch(name: string, watcher: (pod: k8s.V1Pod | undefined) => void): () => void {
+  private watch(name: string, watcher: (pod: k8s.V1Pod, gone: boolean) => void): () => void {
     let set = this.watchers.get(name);
     if (!set) this.watchers.set(name, (set = new Set()));
     set.add(watcher);
@@ -184,12 +186,14 @@ export class BoxCache implements BoxReader {
     };
   }
 
-  waitUntil(name: string, ready: (pod: k8s.V1Pod) => boolean, timeoutMs: number): Promise<k8s.V1Pod> {
+  waitUntil(name: string, ready: (pod: k8s.V1Pod) => boolean, timeoutMs: number, uid?: string): Promise<k8s.V1Pod> {
     return new Promise((resolve, reject) => {
-      const check = (pod: k8s.V1Pod | undefined, initial = false): boolean => {
-        if (!pod) {
+      const check = (pod: k8s.V1Pod | undefined, gone: boolean): boolean => {
+        // Another pod of that name (the one before, still shown or going): not the one waited for.
+        if (uid && pod && pod.metadata?.uid !== uid) return false;
+        if (!pod || gone) {
           // Not yet in this replica's cache (created through another replica a moment ago): wait.
-          if (initial) return false;
+          if (!pod) return false;
           reject(new BoxGoneError(name));
           return true;
         }
@@ -198,13 +202,13 @@ export class BoxCache implements BoxReader {
         else return false;
         return true;
       };
-      if (check(this.pod(name), true)) return;
+      if (check(this.pod(name), false)) return;
       const timer = setTimeout(() => {
         unsubscribe();
         reject(new BoxStartTimeoutError(name, this.pod(name)));
       }, timeoutMs);
-      const unsubscribe = this.watch(name, (pod) => {
-        if (check(pod)) {
+      const unsubscribe = this.watch(name, (pod, gone) => {
+        if (check(pod, gone)) {
           clearTimeout(timer);
           unsubscribe();
         }
@@ -239,9 +243,10 @@ export class BoxCache implements BoxReader {
     });
   }
 
-  onGone(name: string, callback: () => void): () => void {
-    return this.watch(name, (pod) => {
-      if (!pod || pod.metadata?.deletionTimestamp) callback();
+  onGone(name: string, callback: () => void, uid?: string): () => void {
+    return this.watch(name, (pod, gone) => {
+      if (uid && pod.metadata?.uid !== uid) return; // the pod of that name before or after
+      if (gone || pod.metadata?.deletionTimestamp) callback();
     });
   }
 }

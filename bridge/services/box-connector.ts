@@ -19,7 +19,7 @@ import { buildEvent } from '../../common/events.js';
 import type { KubeCall } from '../../common/kube.js';
 import { ANNOTATIONS, LABELS, seatName } from '../../common/labels.js';
 import { boxIdOf } from '../box-pod.js';
-import { BoxGoneError, BoxStartTimeoutError, type BoxReader } from '../kube/box-cache.js';
+import { BoxGoneError, BoxStartTimeoutError, trimPod, type BoxReader } from '../kube/box-cache.js';
 import type { PolicySource } from '../kube/policy.js';
 import type { BoxService, CreatePath } from './boxes.js';
 import type { SnapshotStore } from './snapshot-store.js';
@@ -37,7 +37,7 @@ export interface BoxConnectorDeps {
   records: BoxRecords;
   leases: BoxLeases;
   boxd: BoxdClient;
-  snapshots: Pick<SnapshotStore, 'restoreWorkspace' | 'available'>;
+  snapshots: Pick<SnapshotStore, 'metadata' | 'restoreInto' | 'available'>;
   policy: PolicySource;
   core: k8s.CoreV1Api;
   call: KubeCall;
@@ -69,6 +69,9 @@ const CACHE_SIZE = 50_000;
 const WAKE_WAIT_MS = 5 * 60 * 1000;
 /** How often a call waiting on another replica's wake, or a sleep, looks again. */
 const POLL_MS = 150;
+/** How long a new pod's IP is awaited on the watch alone; then the API server is asked too, this often. */
+const WATCH_GRACE_MS = 2000;
+const POLL_API_MS = 500;
 /** Rounds of "locate, call" one call may take (a sleep met, a wake, a sleep met again...). */
 const MAX_ROUNDS = 4;
 
@@ -76,8 +79,8 @@ export class BoxConnector {
   /** This replica, as written into the leases it takes. */
   static readonly identity = `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
   private readonly now: () => number;
-  /** pod name -> uid of the pod seen answering. */
-  private readonly ready = new Map<string, string>();
+  /** pod name -> the pod seen answering (with its IP, whatever a lagging watch shows). */
+  private readonly ready = new Map<string, k8s.V1Pod>();
   /** pod name -> the credential of the pod with that nonce (an HMAC per call costs ~3% of an exec). */
   private readonly tokens = new Map<string, { nonce: string; token: string }>();
   /** pod uid -> when this replica last wrote the box's activity. */
@@ -96,59 +99,69 @@ export class BoxConnector {
    */
   async call<T>(boxId: string, fn: (call: BoxCall) => Promise<T>, signal?: AbortSignal): Promise<T> {
     const mayWake = wakePermission.getStore() ?? true;
+    const wake = async (record: k8s.V1Secret | undefined) => {
+      if (stateOf(record) === 'failed') throw failed(boxId, record);
+      if (!mayWake) throw new BridgeError('conflict', `box ${boxId} is sleeping; a call with a boxes:write token wakes it (reads never do)`);
+      await this.awaken(boxId, signal);
+    };
+    /** The pod a round found gone: the next round waits for it to come back for a while first. */
+    let lost: string | undefined;
     for (let round = 0; ; round++) {
       const where = await this.deps.boxes.locate(boxId);
       if (!where.pod) {
-        const state = stateOf(where.record);
-        if (state === 'failed') throw failed(boxId, where.record);
-        if (!mayWake) {
-          throw new BridgeError('conflict', `box ${boxId} is sleeping; a call with a boxes:write token wakes it (reads never do)`);
-        }
-        await this.awaken(boxId, signal);
+        await wake(where.record);
         continue;
       }
       const pod = where.pod;
       checkUsable(pod);
       await this.touch(pod);
       try {
-        return await this.run(pod, fn, signal);
+        return await this.run(pod, fn, signal, lost === pod.metadata!.uid);
       } catch (err) {
         if (round >= MAX_ROUNDS || signal?.aborted) throw err;
         if (err instanceof BoxdFencedError) {
           await this.meetFence(boxId, pod, signal);
           continue;
         }
-        // Its boxd is gone: maybe a sleep took the pod and this replica's watch did not show it yet.
-        if (err instanceof BridgeError && err.type === 'cluster_unavailable' && err.cause instanceof BoxdUnreachableError) {
-          const record = await this.deps.records.read(boxId);
-          const state = stateOf(record);
-          if (state && state !== 'failed') continue;
-        }
-        throw err;
+        if (!(err instanceof BoxdGone)) throw err;
+        // Its boxd is gone. A sleep may have taken the pod while this replica's watch lags: the
+        // record says (one API read); otherwise the pod is given a while to come back.
+        const record = await this.deps.records.read(boxId);
+        const state = stateOf(record);
+        if (state === 'asleep' || state === 'waking' || state === 'failed') await wake(record);
+        else if (state === 'pending') await this.waitWhilePending(boxId, signal);
+        else if (lost === pod.metadata!.uid) throw err.answer;
+        lost = pod.metadata!.uid;
       }
     }
   }
 
   // ---- a box with a pod ----
 
-  private async run<T>(pod: k8s.V1Pod, fn: (call: BoxCall) => Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+  /**
+   * fn against the pod's boxd. A connection boxd never accepted is BoxdGone at once the first
+   * time (the caller finds out why); when the pod was already found gone (`lost`), boxd is
+   * given LOST_BOX_WAIT_MS to answer again before the call fails.
+   */
+  private async run<T>(pod: k8s.V1Pod, fn: (call: BoxCall) => Promise<T>, signal: AbortSignal | undefined, lost = false): Promise<T> {
     const name = pod.metadata!.name!;
     const aborter = new AbortController();
-    const stop = this.deps.cache.onGone(name, () =>
-      aborter.abort(new BridgeError('not_found', `box ${boxIdOf(pod) ?? name} was deleted while the request was running`)),
+    const stop = this.deps.cache.onGone(
+      name,
+      () => aborter.abort(new BridgeError('not_found', `box ${boxIdOf(pod) ?? name} was deleted while the request was running`)),
+      pod.metadata!.uid,
     );
     const onCallerAbort = () => aborter.abort(signal?.reason);
     signal?.addEventListener('abort', onCallerAbort, { once: true });
     try {
-      for (let attempt = 0; ; attempt++) {
-        const live = await this.connect(pod, aborter.signal, attempt > 0);
-        try {
-          return await fn({ pod: live, target: this.target(live), signal: aborter.signal });
-        } catch (err) {
-          if (aborter.signal.aborted) throw aborter.signal.reason;
-          if (!(err instanceof BoxdUnreachableError) || attempt > 0) throw unreachable(err, name);
-          this.ready.delete(name);
-        }
+      const live = await this.connect(pod, aborter.signal, lost);
+      try {
+        return await fn({ pod: live, target: this.target(live), signal: aborter.signal });
+      } catch (err) {
+        if (aborter.signal.aborted) throw aborter.signal.reason;
+        if (!(err instanceof BoxdUnreachableError)) throw err;
+        this.ready.delete(name);
+        throw new BoxdGone(unreachable(err, name));
       }
     } finally {
       stop();
@@ -170,8 +183,13 @@ export class BoxConnector {
   /** The live pod once its boxd answers; fast when this replica has seen it answer before. */
   private async connect(pod: k8s.V1Pod, signal: AbortSignal, lost: boolean): Promise<k8s.V1Pod> {
     const name = pod.metadata!.name!;
-    const cached = this.deps.cache.pod(name) ?? pod;
-    if (!lost && cached.status?.podIP && (this.ready.get(name) === cached.metadata?.uid || this.deps.boxes.answering(cached))) return cached;
+    const uid = pod.metadata!.uid!;
+    const seen = this.deps.cache.pod(name);
+    // The cache may still show the pod of that name from before (a box woken into a new pod).
+    const cached = seen?.metadata?.uid === uid ? seen : pod;
+    const answered = this.ready.get(name);
+    if (!lost && answered?.metadata?.uid === uid) return seen?.metadata?.uid === uid && seen.status?.podIP ? seen : answered;
+    if (!lost && cached.status?.podIP && this.deps.boxes.answering(cached)) return cached;
 
     const deadline = performance.now() + (lost ? LOST_BOX_WAIT_MS : this.deps.startTimeoutMs);
     for (;;) {
@@ -187,10 +205,10 @@ export class BoxConnector {
         }
         throw startTimeout(new BoxStartTimeoutError(name, latest));
       }
-      const live = await this.waitForIp(name, remaining);
+      const live = await this.waitForIp(name, uid, remaining, signal);
       try {
         await this.deps.boxd.health(this.target(live), AbortSignal.any([signal, AbortSignal.timeout(Math.ceil(Math.min(remaining, 2000)))]));
-        remember(this.ready, name, live.metadata!.uid!);
+        remember(this.ready, name, live);
         return live;
       } catch (err) {
         if (signal.aborted) throw signal.reason;
@@ -200,14 +218,37 @@ export class BoxConnector {
     }
   }
 
-  private async waitForIp(name: string, timeoutMs: number): Promise<k8s.V1Pod> {
-    try {
-      return await this.deps.cache.waitUntil(name, (p) => Boolean(p.status?.podIP), timeoutMs);
-    } catch (err) {
-      if (err instanceof BoxGoneError) {
-        throw err.phase ? new BridgeError('conflict', `${err.message}; create a new box`) : new BridgeError('not_found', `box ${name} not found`);
+  /**
+   * The pod once it has an IP: from this replica's watch, and, when the watch has not shown it
+   * within WATCH_GRACE_MS (a lagging watch), from the API server every POLL_API_MS as well.
+   */
+  private async waitForIp(name: string, uid: string, timeoutMs: number, signal: AbortSignal): Promise<k8s.V1Pod> {
+    const deadline = performance.now() + timeoutMs;
+    for (let first = true; ; first = false) {
+      const remaining = deadline - performance.now();
+      try {
+        return await this.deps.cache.waitUntil(name, (p) => Boolean(p.status?.podIP), Math.max(1, Math.min(remaining, first ? WATCH_GRACE_MS : POLL_API_MS)), uid);
+      } catch (err) {
+        if (err instanceof BoxGoneError) {
+          throw err.phase ? new BridgeError('conflict', `${err.message}; create a new box`) : new BridgeError('not_found', `box ${name} not found`);
+        }
+        if (!(err instanceof BoxStartTimeoutError)) throw err;
+        if (deadline - performance.now() <= 0) throw startTimeout(err);
       }
-      if (err instanceof BoxStartTimeoutError) throw startTimeout(err);
+      signal.throwIfAborted();
+      const pod = await this.readPod(name);
+      if (!pod || pod.metadata?.uid !== uid || pod.metadata?.deletionTimestamp) throw new BridgeError('not_found', `box ${name} not found`);
+      trimPod(pod); // kept as the pod seen answering: as small as the cache's
+      if (pod.status?.phase === 'Succeeded' || pod.status?.phase === 'Failed') throw new BridgeError('conflict', `box ${name} has ended (${pod.status.phase}); create a new box`);
+      if (pod.status?.podIP) return pod;
+    }
+  }
+
+  private async readPod(name: string): Promise<k8s.V1Pod | undefined> {
+    try {
+      return await this.deps.call('read box pod', () => this.deps.core.readNamespacedPod({ name, namespace: this.deps.namespace }));
+    } catch (err) {
+      if (err instanceof BridgeError && err.type === 'not_found') return undefined;
       throw err;
     }
   }
@@ -353,6 +394,10 @@ export class BoxConnector {
     const snapshotId = record.metadata?.annotations?.[ANNOTATIONS.sleepSnapshot];
     try {
       if (!slept || !snapshotId) throw new SnapshotLost(`box ${boxId} is marked asleep without its snapshot`);
+      // The snapshot first: a box whose snapshot is gone is Failed before any pod is made for it.
+      const metadata = await this.deps.snapshots.metadata(snapshotId).catch((err: unknown) => {
+        throw err instanceof BridgeError && err.type === 'not_found' ? new SnapshotLost(`its snapshot ${snapshotId} is gone from the store`) : err;
+      });
       // A pod left by a waker that stopped may hold a half-restored workspace: it goes.
       const leftover = this.deps.cache.get(boxId);
       if (leftover && !leftover.metadata?.deletionTimestamp) await this.deletePod(leftover);
@@ -371,14 +416,14 @@ export class BoxConnector {
       const revived = await this.deps.boxes.revive(session, shapeOfSlept(slept), envOf(record), nonce);
       made = revived.pod;
       path = revived.path;
-      await this.run(made, (call) => this.deps.snapshots.restoreWorkspace({ ...call, signal: AbortSignal.any([call.signal, keeper.signal]) }, snapshotId), keeper.signal);
+      await this.run(made, (call) => this.deps.snapshots.restoreInto({ ...call, signal: AbortSignal.any([call.signal, keeper.signal]) }, metadata), keeper.signal);
       // Awake: a plain record again (its snapshot stays in the store until retention).
       const released = await this.deps.leases.release(await keeper.stop(), null, CLEAR_SLEEP);
       if (!released) throw new BridgeError('cluster_unavailable', `box ${boxId} was taken over while it woke; retry`, { headers: { 'Retry-After': '1' } });
       this.deps.onWoken?.(path, 'ok', (performance.now() - started) / 1000);
       this.deps.log.info({ box: boxId, path, snapshot: snapshotId, ms: Math.round(performance.now() - started) }, 'box woken');
     } catch (err) {
-      const lost = err instanceof SnapshotLost || (err instanceof BridgeError && err.type === 'not_found' && /snapshot/.test(err.message));
+      const lost = err instanceof SnapshotLost;
       this.deps.onWoken?.(path, lost ? 'failed' : 'error', (performance.now() - started) / 1000);
       // Only the pod this wake made goes (by UID): never another waker's.
       if (made) await this.deletePod(made).catch(() => undefined);
@@ -448,6 +493,13 @@ export class BoxConnector {
 const CLEAR_SLEEP = { annotations: { [ANNOTATIONS.sleepSnapshot]: null, [ANNOTATIONS.sleepBox]: null, [ANNOTATIONS.expiresAt]: null } };
 
 class SnapshotLost extends Error {}
+
+/** A call found the pod's boxd not accepting connections; `answer` is what the caller gets if that lasts. */
+class BoxdGone extends Error {
+  constructor(readonly answer: unknown) {
+    super('boxd is not accepting connections');
+  }
+}
 
 function failed(boxId: string, record: k8s.V1Secret | undefined, reason?: string): BridgeError {
   const why = reason ?? record?.metadata?.annotations?.[ANNOTATIONS.failure] ?? 'its workspace is lost';

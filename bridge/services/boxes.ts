@@ -317,10 +317,11 @@ export class BoxService {
     if (!BOX_ID.test(id)) throw new BridgeError('invalid_request', `"${id}" is not a valid box id`);
     const podless = this.sleepingRecord(id);
     if (podless) return { record: podless };
-    const cached = this.deps.cache.get(id);
-    if (cached && !this.isDeleting(cached)) return { pod: this.checkBox(id, cached) };
+    // A pod this replica just made (a create, a wake) wins over what a lagging watch still shows.
     const made = this.madeHere(id);
     if (made) return { pod: made };
+    const cached = this.deps.cache.get(id);
+    if (cached && !this.isDeleting(cached)) return { pod: this.checkBox(id, cached) };
     if (this.gone.has(id)) throw notFound(id);
     const record = await this.deps.records.read(id);
     if (!record || record.metadata?.deletionTimestamp || this.deleted.has(record.metadata?.uid ?? '')) {

@@ -24,12 +24,6 @@ export interface SnapshotStoreDeps {
 export class SnapshotStore {
   constructor(private readonly deps: SnapshotStoreDeps) {}
 
-  /** Restores a snapshot's workspace into a box being woken (its env is in its record already). */
-  async restoreWorkspace(call: BoxCall, snapshotId: string): Promise<void> {
-    const metadata = await this.metadata(snapshotId);
-    await this.restoreInto(call, metadata);
-  }
-
   /**
    * Deletes a snapshot's objects (also an idle sleep's, given up after its snapshot was taken).
    * Metadata first: from then on the snapshot is gone for every reader, even if the second

@@ -1,92 +1,77 @@
-// Idle sleep and wake end to end: boxes on the local cluster's real node, the local cluster's
-// real S3 store (versitygw), two real bridge replicas. A box idle for the pool's (short) idle time
-// is snapshotted, its pod deleted and reported Sleeping; a call wakes it with its tree (binary,
-// empty, symlinks, modes) and env intact; two replicas woken at once make one pod; a background
-// process keeps a box awake; a store that is down leaves the box running with an Event saying so;
-// a fork of the sleep snapshot is independent; a box of the warm shape wakes into a warm pod; a
-// bridge killed mid-snapshot never costs the box its pod; the sleep and wake metrics count.
+// Idle sleep and wake end to end (docs/lifecycle.md): boxes on the local cluster's real node, the
+// local S3 store (versitygw), the operator as its own process (it decides sleeps), real bridge
+// replicas (they wake). An idle box is snapshotted, its pod deleted and reported Sleeping; a call
+// wakes it with its tree (binary, empty, symlinks, modes, hard links, a 1 GiB sparse file) and
+// env intact; two replicas woken at once make one pod; a background process or a long command
+// keeps a box awake; a fork of the sleep snapshot is independent; a box whose snapshot is gone
+// is Failed with its seat freed; only a boxes:write token wakes a box; a workspace over the
+// pool's snapshot limit keeps its box awake with an Event; the store down leaves the box running;
+// a box of the warm shape wakes into a warm pod; retention shortened while a box sleeps keeps its
+// snapshot. The write-during-a-sleep and crash cases are in lifecycle-fence.test.ts.
 import { randomBytes } from 'node:crypto';
-import * as k8s from '@kubernetes/client-node';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import type { RunningBridge } from '../../bridge/server.js';
-import { ObjectStore, ObjectStoreConfigSchema } from '../../common/object-store.js';
 import { LABELS } from '../../common/labels.js';
-import { ON_REAL_NODE, TEST_BOXD_IMAGE, TEST_BOXD_KEY, api, spawnBridge, startTestBridge, testPolicy } from '../support/bridge.js';
-import { createTestNamespace, deleteTestNamespace, realNodeAvailable, testKubeConfig } from '../support/cluster.js';
-import { Pools, freePort, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
+import { ObjectStore, ObjectStoreConfigSchema } from '../../common/object-store.js';
+import { parseSnapshotId, snapshotKey, METADATA_OBJECT, WORKSPACE_OBJECT } from '../../common/snapshots.js';
+import { ON_REAL_NODE, api } from '../support/bridge.js';
+import { realNodeAvailable } from '../support/cluster.js';
+import { boxPods, core, eventsAbout, kc, metricAt, operatorMetric, record, startLifecycle, until, type LifecycleEnv } from '../support/lifecycle.js';
+import { freePort } from '../support/operator.js';
 import { localObjectStore } from '../support/object-store.js';
 
-const kc = testKubeConfig();
-const core = kc.makeApiClient(k8s.CoreV1Api);
 const realNode = await realNodeAvailable(kc);
 const store = await localObjectStore();
 const skipReason = !realNode.available ? `no real node: ${realNode.reason}` : !store.available ? `no object store: ${store.reason}` : undefined;
 if (skipReason) console.warn(`SKIPPED sleep/wake tests on the real node: ${skipReason}`);
 const suite = skipReason ? describe.skip : describe;
-const storeEnv = store.available ? store.env : {};
-/** Short, so tests wait seconds; sweeps then run every 0.8 s. */
+/** Short, so tests wait seconds. */
 const SLEEP_AFTER_SECONDS = 4;
+const SMALL = { cpu: 0.25, memory: 256 };
 
 const TREE_SUM =
   'find . | LC_ALL=C sort | while read f; do if [ -L "$f" ]; then echo "$f -> $(readlink "$f")"; ' +
   'elif [ -f "$f" ]; then echo "$f $(stat -c %a "$f") $(sha256sum < "$f" | cut -c1-64)"; else echo "$f dir $(stat -c %a "$f")"; fi; done | sha256sum';
 
-async function until<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 90_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await probe();
-    if (v !== undefined) return v;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 250));
-  }
-}
-
-async function boxPods(namespace: string, boxId: string): Promise<k8s.V1Pod[]> {
-  return (await core.listNamespacedPod({ namespace, labelSelector: `sandbox-bridge.io/box-id=${boxId}` })).items;
-}
-
-async function metric(bridge: RunningBridge, name: string, labels: Record<string, string> = {}): Promise<number> {
-  const text = await (await fetch(`${bridge.metricsUrl}/metrics`)).text();
-  let sum = 0;
-  for (const line of text.split('\n')) {
-    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue;
-    if (Object.entries(labels).every(([k, v]) => line.includes(`${k}="${v}"`))) sum += Number(line.split(' ').at(-1));
-  }
-  return sum;
-}
+type Call = ReturnType<typeof api>;
+const exec = (c: Call, id: string, command: string) =>
+  c('POST', `/boxes/${id}/exec`, { command }).then((r) => {
+    expect({ status: r.status, body: r.json }).toMatchObject({ status: 200 });
+    return r.json as { exit_code: number; stdout: string; stderr: string };
+  });
+const sleeping = (c: Call, id: string, timeoutMs = 90_000) =>
+  until(
+    `box ${id} to sleep`,
+    async () => {
+      const s = await c('GET', `/boxes/${id}/status`);
+      return s.json?.status === 'Sleeping' ? s.json : undefined;
+    },
+    timeoutMs,
+  );
 
 suite('idle sleep and wake on the real node with the real store', () => {
-  let namespace: string;
+  let env: LifecycleEnv;
   let bridgeA: RunningBridge;
   let bridgeB: RunningBridge;
-  let call: ReturnType<typeof api>;
-  let callB: ReturnType<typeof api>;
+  let call: Call;
+  let callB: Call;
   const secret = `s3cr3t-${randomBytes(6).toString('hex')}`;
-  const exec = (c: ReturnType<typeof api>, id: string, command: string) =>
-    c('POST', `/boxes/${id}/exec`, { command }).then((r) => {
-      expect({ status: r.status, body: r.json }).toMatchObject({ status: 200 });
-      return r.json as { exit_code: number; stdout: string; stderr: string };
-    });
-  const sleeping = (id: string) =>
-    until(`box ${id} to sleep`, async () => {
-      const s = await call('GET', `/boxes/${id}/status`);
-      return s.json?.status === 'Sleeping' ? s.json : undefined;
-    });
 
   beforeAll(async () => {
-    namespace = await createTestNamespace(kc, 'sleep', { 'pod-security.kubernetes.io/enforce': 'restricted' });
-    const policy = testPolicy(namespace, { ...ON_REAL_NODE, idle: { sleepAfterSeconds: SLEEP_AFTER_SECONDS } });
-    [bridgeA, bridgeB] = await Promise.all([startTestBridge(kc, policy, storeEnv), startTestBridge(kc, policy, storeEnv)]);
+    env = await startLifecycle({ name: 'sleep', pool: { maxBoxes: 10, box: ON_REAL_NODE.box, idle: { sleepAfterSeconds: SLEEP_AFTER_SECONDS } }, bridges: 2 });
+    [bridgeA, bridgeB] = env.bridges as [RunningBridge, RunningBridge];
     call = api(bridgeA);
     callB = api(bridgeB);
   }, 120_000);
 
   afterAll(async () => {
-    await Promise.all([bridgeA?.close(), bridgeB?.close()]);
-    await deleteTestNamespace(kc, namespace);
-  });
+    await env?.stop();
+  }, 60_000);
 
   test('an idle box sleeps (snapshot stored, pod gone, record kept); a call wakes it with its files and env intact', async () => {
-    const created = await call('POST', '/boxes', { sessionId: 'sleepy', cpu: 0.25, memory: 256, env: { FROM_CREATE: 'created' } });
+    const created = await call('POST', '/boxes', { sessionId: 'sleepy', ...SMALL, env: { FROM_CREATE: 'created' } });
     expect(created.status).toBe(201);
     const box = created.json.box_id as string;
     const made = await exec(
@@ -98,85 +83,78 @@ suite('idle sleep and wake on the real node with the real store', () => {
     expect(made.stdout).toBe('ok\n');
     expect((await call('POST', `/boxes/${box}/env`, { envVars: { SECRET_TOKEN: secret, EMPTY: '' } })).status).toBe(200);
     const before = (await exec(call, box, TREE_SUM)).stdout;
-    const firstPod = (await boxPods(namespace, box))[0]!.metadata!.uid;
+    const firstPod = (await boxPods(env.pool.ns, box))[0]!.metadata!.uid;
 
-    const status = await sleeping(box);
+    const status = await sleeping(call, box);
     expect(status).toMatchObject({ box_id: box, status: 'Sleeping', pod_name: '', session_id: 'sleepy', cpu: '250m', memory: '256Mi', snapshot_id: expect.stringMatching(/^snap-/) });
     expect(Date.parse(status.expires_at)).toBeGreaterThan(Date.now());
-    expect((await boxPods(namespace, box)).filter((p) => !p.metadata?.deletionTimestamp)).toHaveLength(0);
-    const record = await core.readNamespacedSecret({ name: box, namespace });
-    expect(record.metadata?.labels?.['sandbox-bridge.io/sleep']).toBe('asleep');
-    // Listed as Sleeping by either replica; the snapshot is in the store.
-    const listed = await callB('GET', '/sandboxes?session_id=sleepy');
-    expect(listed.json.sandboxes).toEqual([expect.objectContaining({ box_id: box, status: 'Sleeping' })]);
-    expect((await call('GET', `/snapshots/${status.snapshot_id}`)).json).toMatchObject({ box_id: box, name: 'idle-sleep' });
+    expect((await boxPods(env.pool.ns, box)).filter((p) => !p.metadata?.deletionTimestamp)).toHaveLength(0);
+    const rec = await record(env.pool.ns, box);
+    expect(rec?.metadata?.labels?.[LABELS.sleep]).toBe('asleep');
+    expect(rec?.metadata?.annotations?.['sandbox-bridge.io/lease']).toBeUndefined();
+    // Listed as Sleeping by either replica; the snapshot is in the store and outlives the box.
+    expect((await callB('GET', '/sandboxes?session_id=sleepy')).json.sandboxes).toEqual([expect.objectContaining({ box_id: box, status: 'Sleeping' })]);
+    const snapshot = (await call('GET', `/snapshots/${status.snapshot_id}`)).json;
+    expect(snapshot).toMatchObject({ box_id: box, name: 'idle-sleep' });
+    expect(Date.parse(snapshot.expires_at)).toBeGreaterThanOrEqual(Date.parse(status.expires_at) + 3600_000 - 1000);
 
     // Woken by a call through the other replica: same box id, a new pod, everything intact.
     const started = performance.now();
     expect((await exec(callB, box, TREE_SUM)).stdout).toBe(before);
     const wakeMs = performance.now() - started;
     expect((await exec(call, box, 'printf "%s|%s|%s" "$SECRET_TOKEN" "${EMPTY-unset}" "$FROM_CREATE"')).stdout).toBe(`${secret}||created`);
-    const pods = (await boxPods(namespace, box)).filter((p) => !p.metadata?.deletionTimestamp);
+    const pods = (await boxPods(env.pool.ns, box)).filter((p) => !p.metadata?.deletionTimestamp);
     expect(pods).toHaveLength(1);
     expect(pods[0]!.metadata!.uid).not.toBe(firstPod);
     expect(pods[0]!.metadata!.annotations?.['sandbox-bridge.io/expires-at']).toBe(status.expires_at);
-    const after = await call('GET', `/boxes/${box}/status`);
-    expect(after.status).toBe(200); // Pending..Running as A's watch catches up, or Sleeping again already
     console.log(`cold wake of a small workspace answered in ${Math.round(wakeMs)} ms`);
 
-    expect((await metric(bridgeA, 'sandbox_bridge_box_sleeps_total', { outcome: 'slept' })) + (await metric(bridgeB, 'sandbox_bridge_box_sleeps_total', { outcome: 'slept' }))).toBeGreaterThanOrEqual(1);
-    expect(await metric(bridgeB, 'sandbox_bridge_box_wakes_total', { outcome: 'ok' })).toBeGreaterThanOrEqual(1);
-    expect(await metric(bridgeB, 'sandbox_bridge_box_wake_duration_seconds_count')).toBeGreaterThanOrEqual(1);
+    expect(await operatorMetric(env.operator, 'sandbox_operator_sleeps_total', { outcome: 'slept' })).toBeGreaterThanOrEqual(1);
+    expect(await metricAt(bridgeB.metricsUrl, 'sandbox_bridge_box_wakes_total', { outcome: 'ok' })).toBeGreaterThanOrEqual(1);
     expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
   }, 240_000);
 
   test('two replicas woken at once make one pod; every call is answered', async () => {
-    const created = await call('POST', '/boxes', { sessionId: 'racers', cpu: 0.25, memory: 256 });
-    const box = created.json.box_id as string;
+    const box = (await call('POST', '/boxes', { sessionId: 'racers', ...SMALL })).json.box_id as string;
     await exec(call, box, 'echo kept > kept.txt');
-    await sleeping(box);
-    const wakesBefore = (await metric(bridgeA, 'sandbox_bridge_box_wakes_total', { outcome: 'ok' })) + (await metric(bridgeB, 'sandbox_bridge_box_wakes_total', { outcome: 'ok' }));
+    await sleeping(call, box);
+    const wakes = async () =>
+      (await metricAt(bridgeA.metricsUrl, 'sandbox_bridge_box_wakes_total', { outcome: 'ok' })) + (await metricAt(bridgeB.metricsUrl, 'sandbox_bridge_box_wakes_total', { outcome: 'ok' }));
+    const before = await wakes();
     const results = await Promise.all([call, callB, call, callB, call, callB].map((c) => exec(c, box, 'cat kept.txt')));
     for (const r of results) expect(r.stdout).toBe('kept\n');
-    const wakesAfter = (await metric(bridgeA, 'sandbox_bridge_box_wakes_total', { outcome: 'ok' })) + (await metric(bridgeB, 'sandbox_bridge_box_wakes_total', { outcome: 'ok' }));
-    expect(wakesAfter - wakesBefore).toBe(1);
-    // Every pod the box ever had since: the one it slept in is gone; one was made for the wake.
-    expect((await boxPods(namespace, box)).filter((p) => !p.metadata?.deletionTimestamp)).toHaveLength(1);
+    expect((await wakes()) - before).toBe(1);
+    expect((await boxPods(env.pool.ns, box)).filter((p) => !p.metadata?.deletionTimestamp)).toHaveLength(1);
     expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
   }, 240_000);
 
   test('a running background process keeps its box awake (the keepalive); deleting a sleeping box deletes its record', async () => {
-    const created = await call('POST', '/boxes', { sessionId: 'busy', cpu: 0.25, memory: 256 });
-    const box = created.json.box_id as string;
+    const box = (await call('POST', '/boxes', { sessionId: 'busy', ...SMALL })).json.box_id as string;
     expect((await call('POST', `/boxes/${box}/processes`, { command: 'sleep 600' })).status).toBe(201);
     await new Promise((r) => setTimeout(r, (SLEEP_AFTER_SECONDS * 3 + 2) * 1000));
     expect((await call('GET', `/boxes/${box}/status`)).json.status).toBe('Running');
-    expect(await metric(bridgeA, 'sandbox_bridge_box_sleeps_total', { outcome: 'busy' }) + (await metric(bridgeB, 'sandbox_bridge_box_sleeps_total', { outcome: 'busy' }))).toBeGreaterThanOrEqual(1);
+    expect(await operatorMetric(env.operator, 'sandbox_operator_sleeps_total', { outcome: 'busy' })).toBeGreaterThanOrEqual(1);
     const procs = (await call('GET', `/boxes/${box}/processes`)).json.processes as Array<{ process_id: string }>;
     expect((await call('POST', `/boxes/${box}/processes/${procs[0]!.process_id}/signal`, { signal: 'KILL' })).status).toBe(200);
-    await sleeping(box);
+    await sleeping(call, box);
     expect((await callB('DELETE', `/boxes/${box}`)).json).toMatchObject({ box_id: box, status: 'Terminated' });
-    // Gone at once for the replica that deleted it; for the other, once its watch shows it.
     expect((await callB('GET', `/boxes/${box}/status`)).status).toBe(404);
-    await until('the record to go', async () => ((await core.readNamespacedSecret({ name: box, namespace }).catch(() => undefined)) ? undefined : true));
+    await until('the record to go', async () => ((await record(env.pool.ns, box)) ? undefined : true));
     await until('the other replica to answer 404', async () => ((await call('GET', `/boxes/${box}/status`)).status === 404 ? true : undefined), 10_000);
   }, 240_000);
 
   test('a command still running when the idle time is up keeps its box awake', async () => {
-    const created = await call('POST', '/boxes', { sessionId: 'long-command', cpu: 0.25, memory: 256 });
-    const box = created.json.box_id as string;
-    const pod = (await boxPods(namespace, box))[0]!.metadata!.uid;
-    // Longer than three idle times, with no other call meanwhile.
+    const box = (await call('POST', '/boxes', { sessionId: 'long-command', ...SMALL })).json.box_id as string;
+    const pod = (await boxPods(env.pool.ns, box))[0]!.metadata!.uid;
     expect(await exec(call, box, `sleep ${SLEEP_AFTER_SECONDS * 3 + 2}; echo done`)).toMatchObject({ exit_code: 0, stdout: 'done\n' });
-    expect((await boxPods(namespace, box)).map((p) => [p.metadata!.uid, p.metadata!.deletionTimestamp ?? null])).toEqual([[pod, null]]);
+    expect((await boxPods(env.pool.ns, box)).map((p) => [p.metadata!.uid, p.metadata!.deletionTimestamp ?? null])).toEqual([[pod, null]]);
     expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
   }, 120_000);
 
   test('a fork of the sleep snapshot is independent of the box', async () => {
-    const created = await call('POST', '/boxes', { sessionId: 'forked', cpu: 0.25, memory: 256 });
-    const box = created.json.box_id as string;
+    const box = (await call('POST', '/boxes', { sessionId: 'forked', ...SMALL })).json.box_id as string;
     await exec(call, box, 'echo original > note.txt');
-    const { snapshot_id: snapshotId } = await sleeping(box);
+    const { snapshot_id: snapshotId } = await sleeping(call, box);
     const fork = await callB('POST', '/boxes', { sessionId: 'fork-of-sleeper', snapshot_id: snapshotId });
     expect(fork.status).toBe(201);
     await exec(callB, fork.json.box_id, 'echo changed > note.txt');
@@ -184,140 +162,178 @@ suite('idle sleep and wake on the real node with the real store', () => {
     expect((await exec(call, fork.json.box_id, 'cat note.txt')).stdout).toBe('changed\n');
     await Promise.all([call('DELETE', `/boxes/${box}`), call('DELETE', `/boxes/${fork.json.box_id}`)]);
   }, 240_000);
-});
 
-suite('idle sleep with the object store down', () => {
-  let namespace: string;
-  let bridge: RunningBridge;
-  let call: ReturnType<typeof api>;
+  test('a sparse 1 GiB file and 50 hard links survive sleep and wake in a small snapshot', async () => {
+    const box = (await call('POST', '/boxes', { sessionId: 'sparse-links', ...SMALL })).json.box_id as string;
+    const made = await exec(
+      call,
+      box,
+      'dd if=/dev/zero of=big.sparse bs=1 count=0 seek=1073741824 2>/dev/null && printf middle | dd of=big.sparse bs=1 seek=536870912 conv=notrunc 2>/dev/null && ' +
+        'head -c 1048576 /dev/urandom > one.bin && mkdir links && for i in $(seq 1 50); do ln one.bin links/l$i; done && ' +
+        'echo "$(stat -c %s big.sparse) $(du -k big.sparse | cut -f1) $(stat -c %h one.bin) $(sha256sum < one.bin | cut -c1-16)"',
+    );
+    const [size, kib, links, sum] = made.stdout.trim().split(' ');
+    expect([size, links]).toEqual(['1073741824', '51']);
+    expect(Number(kib)).toBeLessThan(1024);
+    const { snapshot_id: snapshotId } = await sleeping(call, box);
+    const snapshot = (await call('GET', `/snapshots/${snapshotId}`)).json;
+    // 1 MiB of random data once, a few bytes of the sparse file, tar headers: well under 2 MiB.
+    expect(snapshot.size).toBeLessThan(2 * 1024 * 1024);
+    const after = await exec(
+      callB,
+      box,
+      'echo "$(stat -c %s big.sparse) $(du -k big.sparse | cut -f1) $(stat -c %h one.bin) $(sha256sum < one.bin | cut -c1-16) ' +
+        '$(stat -c %i one.bin links/l1 links/l50 | sort -u | wc -l) $(dd if=big.sparse bs=1 skip=536870912 count=6 2>/dev/null)"',
+    );
+    const [size2, kib2, links2, sum2, inodes, middle] = after.stdout.trim().split(' ');
+    expect([size2, links2, sum2, inodes, middle]).toEqual(['1073741824', '51', sum, '1', 'middle']);
+    expect(Number(kib2)).toBeLessThan(1024);
+    expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
+  }, 240_000);
 
-  beforeAll(async () => {
-    namespace = await createTestNamespace(kc, 'sleep-down', { 'pod-security.kubernetes.io/enforce': 'restricted' });
-    const policy = testPolicy(namespace, { ...ON_REAL_NODE, idle: { sleepAfterSeconds: 2 } });
-    // A closed port: the store refuses every connection.
-    bridge = await startTestBridge(kc, policy, { ...storeEnv, OBJECT_STORE_ENDPOINT: `http://127.0.0.1:${await freePort()}` });
-    call = api(bridge);
-  }, 120_000);
-
-  afterAll(async () => {
-    await bridge?.close();
-    await deleteTestNamespace(kc, namespace);
-  });
-
-  test('the box keeps running with nothing lost, and an Event on its pod says why', async () => {
-    const created = await call('POST', '/boxes', { sessionId: 'store-down', cpu: 0.25, memory: 256 });
-    const box = created.json.box_id as string;
-    expect((await call('POST', `/boxes/${box}/exec`, { command: 'echo safe > kept.txt' })).status).toBe(200);
-    const pod = (await boxPods(namespace, box))[0]!;
-    const event = await until('a SleepFailed event', async () => {
-      const events = await core.listNamespacedEvent({ namespace, fieldSelector: `involvedObject.uid=${pod.metadata!.uid}` });
-      return events.items.find((e) => e.reason === 'SleepFailed');
-    }, 60_000);
-    expect(event.type).toBe('Warning');
-    expect(event.message).toMatch(/keeps running/);
-    expect((await call('GET', `/boxes/${box}/status`)).json.status).toBe('Running');
-    const record = await core.readNamespacedSecret({ name: box, namespace });
-    expect(record.metadata?.labels?.['sandbox-bridge.io/sleep']).toBeUndefined();
-    expect((await call('POST', `/boxes/${box}/exec`, { command: 'cat kept.txt' })).json.stdout).toBe('safe\n');
-    expect(await metric(bridge, 'sandbox_bridge_box_sleeps_total', { outcome: 'error' })).toBeGreaterThanOrEqual(1);
-    expect((await boxPods(namespace, box)).map((p) => p.metadata!.uid)).toEqual([pod.metadata!.uid]);
-  }, 120_000);
-});
-
-suite('a bridge killed in the middle of a sleep', () => {
-  const pools = new Pools(kc, `sleep-kill-${randomBytes(3).toString('hex')}`);
-  let namespace: string;
-  let poolName: string;
-
-  beforeAll(async () => {
-    namespace = await createTestNamespace(kc, 'sleep-kill', { 'pod-security.kubernetes.io/enforce': 'restricted' });
-    // Bridges as deployed: they read the pool from its SandboxPool object (no operator needed).
-    await installCrd(kc);
-    poolName = `pool-${namespace}`;
-    await pools.create(poolName, { namespace, box: ON_REAL_NODE.box, idle: { sleepAfterSeconds: 3 } });
-  }, 120_000);
-
-  afterAll(async () => {
-    await pools.delete(poolName).catch(() => undefined);
-    await deleteTestNamespace(kc, namespace);
-  });
-
-  test('never costs the box its pod; a call through another replica goes on at once, files intact', async () => {
-    const env = { POOL_NAME: poolName, SANDBOX_NAMESPACE: namespace, ...storeEnv };
-    const doomed = await spawnBridge(env);
-    const via = api(doomed);
-    const created = await via('POST', '/boxes', { sessionId: 'killed-mid-sleep', cpu: 0.25, memory: 256 });
-    expect(created.status).toBe(201);
-    const box = created.json.box_id as string;
-    // Incompressible and large, so the snapshot takes seconds to stream.
-    const made = await via('POST', `/boxes/${box}/exec`, { command: 'head -c 157286400 /dev/urandom > data.bin && sha256sum data.bin | cut -c1-64' });
-    expect(made.json.exit_code).toBe(0);
-    const pod = (await boxPods(namespace, box))[0]!;
-
-    // The sleep has begun when its snapshot's upload is under way in the store.
-    const s3 = new ObjectStore(ObjectStoreConfigSchema.parse(storeEnv));
-    await until('the sleep snapshot to be streaming', async () => {
-      for await (const upload of s3.listUploads(storeEnv.OBJECT_STORE_PREFIX!)) return upload;
-      return undefined;
-    }, 60_000).finally(() => s3.close());
-    const record = await core.readNamespacedSecret({ name: box, namespace });
-    expect(record.metadata?.labels?.['sandbox-bridge.io/sleep']).toBe('pending');
-    process.kill(doomed.pid, 'SIGKILL');
-    await doomed.stop();
-
-    const survivor = await startTestBridge(kc, undefined, env);
+  test('a box whose snapshot is gone is Failed: 409 naming why, an Event, its seat freed', async () => {
+    const box = (await call('POST', '/boxes', { sessionId: 'lost', ...SMALL })).json.box_id as string;
+    const seat = (await boxPods(env.pool.ns, box))[0]!.metadata!.labels![LABELS.seat]!;
+    await exec(call, box, 'echo doomed > f');
+    const { snapshot_id: snapshotId } = await sleeping(call, box);
+    // Someone deletes the snapshot behind the operator's back.
+    const s3 = new ObjectStore(ObjectStoreConfigSchema.parse(env.storeEnv));
     try {
-      // The dead bridge's mark stays until it is stale (minutes); a call need not wait for it.
-      const t0 = performance.now();
-      const read = await api(survivor)('POST', `/boxes/${box}/exec`, { command: 'sha256sum data.bin | cut -c1-64' });
-      const callMs = performance.now() - t0;
-      expect(read.json).toMatchObject({ exit_code: 0, stdout: made.json.stdout });
-      expect(callMs).toBeLessThan(20_000);
-      // Twice the idle time on: the same pod, never deleting, the record not asleep.
-      const until2 = Date.now() + 6000;
-      while (Date.now() < until2) {
-        const pods = await boxPods(namespace, box);
-        expect(pods.map((p) => [p.metadata!.uid, p.metadata!.deletionTimestamp ?? null])).toEqual([[pod.metadata!.uid, null]]);
-        await new Promise((r) => setTimeout(r, 300));
-      }
-      const after = await core.readNamespacedSecret({ name: box, namespace });
-      expect(after.metadata?.labels?.['sandbox-bridge.io/sleep']).not.toBe('asleep');
-      expect((await api(survivor)('GET', `/boxes/${box}/status`)).json.status).toBe('Running');
-      expect((await api(survivor)('DELETE', `/boxes/${box}`)).status).toBe(200);
+      const id = parseSnapshotId(snapshotId)!;
+      await s3.delete([s3.key(snapshotKey(env.pool.name, id, METADATA_OBJECT)), s3.key(snapshotKey(env.pool.name, id, WORKSPACE_OBJECT))]);
     } finally {
-      await survivor.close();
+      s3.close();
+    }
+    const answer = await callB('POST', `/boxes/${box}/exec`, { command: 'cat f' });
+    expect(answer.status).toBe(409);
+    expect(answer.json.error.message).toMatch(/failed/);
+    const status = (await call('GET', `/boxes/${box}/status`)).json;
+    expect(status).toMatchObject({ status: 'Failed', failure: expect.stringMatching(/snapshot/) });
+    const rec = (await record(env.pool.ns, box))!;
+    expect(rec.metadata?.labels?.[LABELS.sleep]).toBe('failed');
+    expect((await eventsAbout(env.pool.ns, rec.metadata!.uid!)).map((e) => e.reason)).toContain('BoxFailed');
+    await until('the seat to be free', async () => ((await core.readNamespacedSecret({ name: `box-seat-${seat}`, namespace: env.pool.ns }).catch(() => undefined)) ? undefined : true), 10_000);
+    expect(await metricAt(bridgeB.metricsUrl, 'sandbox_bridge_box_wakes_total', { outcome: 'failed' })).toBeGreaterThanOrEqual(1);
+    expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
+  }, 240_000);
+
+  test('only a boxes:write token wakes a box: contents and metadata reads get 409 and leave it asleep', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tokens-'));
+    const viewer = `viewer-${randomBytes(12).toString('hex')}`;
+    const reader = `reader-${randomBytes(12).toString('hex')}`;
+    writeFileSync(
+      join(dir, 'tokens.json'),
+      JSON.stringify([
+        { name: 'viewer', token: viewer, scopes: ['boxes:read'] },
+        { name: 'reader', token: reader, scopes: ['boxes:read', 'boxes:contents'] },
+      ]),
+    );
+    const scoped = await env.addBridge({ BRIDGE_TOKENS_FILE: join(dir, 'tokens.json') });
+    try {
+      const box = (await call('POST', '/boxes', { sessionId: 'read-only', ...SMALL })).json.box_id as string;
+      await exec(call, box, 'echo content > f.txt');
+      await sleeping(call, box);
+      const asViewer = api(scoped, viewer);
+      const asReader = api(scoped, reader);
+      expect((await asViewer('GET', `/boxes/${box}/files?path=f.txt`)).status).toBe(403); // contents: not its scope
+      expect((await asViewer('GET', `/boxes/${box}/status`)).json.status).toBe('Sleeping');
+      for (const path of [`/boxes/${box}/processes`]) expect((await asViewer('GET', path)).status).toBe(409);
+      for (const path of [`/boxes/${box}/files?path=f.txt`, `/boxes/${box}/files/list?path=.`, `/boxes/${box}/archive?path=.`]) {
+        const r = await asReader('GET', path);
+        expect([path, r.status, r.json?.error?.message]).toEqual([path, 409, expect.stringMatching(/sleeping/)]);
+      }
+      expect((await call('GET', `/boxes/${box}/status`)).json.status).toBe('Sleeping');
+      expect((await boxPods(env.pool.ns, box)).filter((p) => !p.metadata?.deletionTimestamp)).toHaveLength(0);
+      expect((await record(env.pool.ns, box))?.metadata?.labels?.[LABELS.sleep]).toBe('asleep');
+      // The writer's read wakes it.
+      expect((await call('GET', `/boxes/${box}/files?path=f.txt`)).json).toMatchObject({ content: 'content\n' });
+      expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   }, 240_000);
 });
 
+suite('snapshot limits are restore\'s limits: a workspace over spec.snapshots.maxBytes keeps its box awake', () => {
+  let env: LifecycleEnv;
+  beforeAll(async () => {
+    env = await startLifecycle({ name: 'sleep-big', pool: { box: ON_REAL_NODE.box, idle: { sleepAfterSeconds: 2 }, snapshots: { maxBytes: '1Mi' } } });
+  }, 120_000);
+  afterAll(async () => {
+    await env?.stop();
+  }, 60_000);
+
+  test('refused before a byte moves: the box runs on, a SleepRefused Event says why, the metric counts it', async () => {
+    const call = api(env.bridges[0]!);
+    const box = (await call('POST', '/boxes', { sessionId: 'too-big', ...SMALL })).json.box_id as string;
+    await exec(call, box, 'head -c 2097152 /dev/urandom > big.bin');
+    const pod = (await boxPods(env.pool.ns, box))[0]!;
+    const event = await until('a SleepRefused event', async () => (await eventsAbout(env.pool.ns, pod.metadata!.uid!)).find((e) => e.reason === 'SleepRefused'), 60_000);
+    expect(event.message).toMatch(/maxBytes/);
+    expect(await operatorMetric(env.operator, 'sandbox_operator_sleeps_total', { outcome: 'too_large' })).toBeGreaterThanOrEqual(1);
+    expect((await call('GET', `/boxes/${box}/status`)).json.status).toBe('Running');
+    expect((await record(env.pool.ns, box))?.metadata?.labels?.[LABELS.sleep]).toBeUndefined();
+    // The refusal was boxd's, before streaming: no upload was started for it.
+    const s3 = new ObjectStore(ObjectStoreConfigSchema.parse(env.storeEnv));
+    try {
+      const uploads: unknown[] = [];
+      for await (const u of s3.listUploads(env.storeEnv.OBJECT_STORE_PREFIX!)) uploads.push(u);
+      expect(uploads).toEqual([]);
+    } finally {
+      s3.close();
+    }
+    expect((await boxPods(env.pool.ns, box)).map((p) => p.metadata!.uid)).toEqual([pod.metadata!.uid]);
+  }, 180_000);
+});
+
+suite('idle sleep with the object store down', () => {
+  let env: LifecycleEnv;
+  beforeAll(async () => {
+    // A closed port: the operator's store refuses every connection (the bridges' is fine).
+    env = await startLifecycle({ name: 'sleep-down', pool: { box: ON_REAL_NODE.box, idle: { sleepAfterSeconds: 2 } }, operatorEnv: { OBJECT_STORE_ENDPOINT: `http://127.0.0.1:${await freePort()}` } });
+  }, 120_000);
+  afterAll(async () => {
+    await env?.stop();
+  }, 60_000);
+
+  test('the box keeps running with nothing lost, and one Event on its pod says why', async () => {
+    const call = api(env.bridges[0]!);
+    const box = (await call('POST', '/boxes', { sessionId: 'store-down', ...SMALL })).json.box_id as string;
+    await exec(call, box, 'echo safe > kept.txt');
+    const pod = (await boxPods(env.pool.ns, box))[0]!;
+    const event = await until('a SleepFailed event', async () => (await eventsAbout(env.pool.ns, pod.metadata!.uid!)).find((e) => e.reason === 'SleepFailed'), 60_000);
+    expect(event.type).toBe('Warning');
+    expect(event.message).toMatch(/keeps running/);
+    expect((await call('GET', `/boxes/${box}/status`)).json.status).toBe('Running');
+    expect((await record(env.pool.ns, box))?.metadata?.labels?.[LABELS.sleep]).toBeUndefined();
+    expect((await exec(call, box, 'cat kept.txt')).stdout).toBe('safe\n');
+    expect(await operatorMetric(env.operator, 'sandbox_operator_sleeps_total', { outcome: 'error' })).toBeGreaterThanOrEqual(1);
+    // Backed off: no second attempt within the first minute, so no second Event either.
+    await new Promise((r) => setTimeout(r, 5000));
+    expect(await operatorMetric(env.operator, 'sandbox_operator_sleeps_total', { outcome: 'error' })).toBe(1);
+    expect((await eventsAbout(env.pool.ns, pod.metadata!.uid!)).filter((e) => e.reason === 'SleepFailed')).toHaveLength(1);
+    expect((await boxPods(env.pool.ns, box)).map((p) => p.metadata!.uid)).toEqual([pod.metadata!.uid]);
+  }, 120_000);
+});
+
 suite('a wake into a warm box', () => {
-  const pools = new Pools(kc, uniqueName('wake-warm'));
-  let operator: OperatorProcess;
-  let pool: { name: string; ns: string };
-  let bridge: RunningBridge;
-  let call: ReturnType<typeof api>;
+  let env: LifecycleEnv;
+  let call: Call;
   const warmReady = async () =>
-    (await core.listNamespacedPod({ namespace: pool.ns, labelSelector: `${LABELS.warm}=${pool.name}` })).items.filter(
+    (await core.listNamespacedPod({ namespace: env.pool.ns, labelSelector: `${LABELS.warm}=${env.pool.name}` })).items.filter(
       (p) => !p.metadata?.deletionTimestamp && p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True'),
     ).length;
 
   beforeAll(async () => {
-    await installCrd(kc);
-    operator = await startOperator({ leaseName: uniqueName('wake-lease'), shard: pools.shard, env: { BOXD_IMAGE: TEST_BOXD_IMAGE, BOXD_KEY: TEST_BOXD_KEY } });
-    pool = await pools.createReady({
-      maxBoxes: 6,
-      box: { ...ON_REAL_NODE.box, defaultCpu: '100m', defaultMemory: '64Mi' },
-      warm: { count: 1 },
-      idle: { sleepAfterSeconds: 3 },
+    env = await startLifecycle({
+      name: 'wake-warm',
+      pool: { maxBoxes: 6, box: { ...ON_REAL_NODE.box, defaultCpu: '100m', defaultMemory: '64Mi' }, warm: { count: 1 }, idle: { sleepAfterSeconds: 3 } },
     });
-    bridge = await startTestBridge(kc, undefined, { POOL_NAME: pool.name, SANDBOX_NAMESPACE: pool.ns, ...storeEnv });
-    call = api(bridge);
+    call = api(env.bridges[0]!);
   }, 120_000);
 
   afterAll(async () => {
-    await bridge?.close();
-    await operator?.stop();
-    await pools.cleanup();
+    await env?.stop();
   }, 60_000);
 
   test('a sleeping box of the pool\'s warm shape wakes into a warm pod, its workspace restored', async () => {
@@ -325,15 +341,48 @@ suite('a wake into a warm box', () => {
     const created = await call('POST', '/boxes', { sessionId: 'wakes-warm' });
     expect(created.json.pod_name).toMatch(/^box-warm-/);
     const box = created.json.box_id as string;
-    expect((await call('POST', `/boxes/${box}/exec`, { command: 'echo kept > kept.txt' })).json.exit_code).toBe(0);
-    await until(`box ${box} to sleep`, async () => ((await call('GET', `/boxes/${box}/status`)).json?.status === 'Sleeping' ? true : undefined));
+    await exec(call, box, 'echo kept > kept.txt');
+    await sleeping(call, box);
     await until('the warm pool to refill', async () => ((await warmReady()) >= 1 ? true : undefined), 120_000);
-    const woken = await call('POST', `/boxes/${box}/exec`, { command: 'cat kept.txt' });
-    expect(woken.json).toMatchObject({ exit_code: 0, stdout: 'kept\n' });
+    expect((await exec(call, box, 'cat kept.txt')).stdout).toBe('kept\n');
     const status = (await call('GET', `/boxes/${box}/status`)).json;
     expect(status.pod_name).toMatch(/^box-warm-/);
     expect(status.pod_name).not.toBe(created.json.pod_name);
-    expect(await metric(bridge, 'sandbox_bridge_box_wakes_total', { path: 'warm', outcome: 'ok' })).toBe(1);
+    expect(await metricAt(env.bridges[0]!.metricsUrl, 'sandbox_bridge_box_wakes_total', { path: 'warm', outcome: 'ok' })).toBe(1);
+    expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
+  }, 300_000);
+});
+
+suite('retention shortened while a box sleeps', () => {
+  let env: LifecycleEnv;
+  beforeAll(async () => {
+    env = await startLifecycle({
+      name: 'sleep-retention',
+      // The shortest retention there is; the box lives an hour.
+      pool: { box: ON_REAL_NODE.box, idle: { sleepAfterSeconds: 2 }, snapshots: { retentionSeconds: 60 } },
+      operatorEnv: { SNAPSHOT_SWEEP_SECONDS: '2', SNAPSHOT_INCOMPLETE_GRACE_SECONDS: '1' },
+    });
+  }, 120_000);
+  afterAll(async () => {
+    await env?.stop();
+  }, 60_000);
+
+  test('never deletes the snapshot a sleeping box needs: past the retention, the box wakes with its files', async () => {
+    const call = api(env.bridges[0]!);
+    const box = (await call('POST', '/boxes', { sessionId: 'kept-asleep', ...SMALL })).json.box_id as string;
+    await exec(call, box, 'echo still-here > f');
+    // A snapshot nothing names, taken alongside: retention deletes it once it is past its time.
+    const other = (await call('POST', '/boxes', { sessionId: 'control', ...SMALL })).json.box_id as string;
+    const control = (await call('POST', `/boxes/${other}/snapshots`, { ttlSeconds: 60 })).json.snapshot_id as string;
+    await call('DELETE', `/boxes/${other}`);
+    const { snapshot_id: snapshotId } = await sleeping(call, box);
+    await until('retention to delete the unnamed snapshot', async () => ((await call('GET', `/snapshots/${control}`)).status === 404 ? true : undefined), 150_000, 1000);
+    // Past its creation + the retention, and retention has swept since: still there.
+    const taken = parseSnapshotId(snapshotId)!.createdAt.getTime();
+    await until('the sleep snapshot to be past the retention', async () => (Date.now() > taken + 65_000 ? true : undefined), 90_000, 1000);
+    await new Promise((r) => setTimeout(r, 4000)); // two more sweeps
+    expect((await call('GET', `/snapshots/${snapshotId}`)).status).toBe(200);
+    expect((await exec(call, box, 'cat f')).stdout).toBe('still-here\n');
     expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
   }, 300_000);
 });
