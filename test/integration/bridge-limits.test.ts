@@ -189,6 +189,48 @@ suite('one replica against a hostile tenant', () => {
         ws.terminate();
       }
     }, 120_000);
+
+    test('a caller pasting into a terminal whose shell reads nothing keeps the replica small', async () => {
+      const ws = new WebSocket(`${bridge.url.replace('http', 'ws')}/api/v1/boxes/${box}/pty`, PTY_PROTOCOL, {
+        headers: { authorization: `Bearer ${TEST_TOKEN}` },
+      });
+      let screen = '';
+      ws.on('message', (data: Buffer, binary: boolean) => {
+        if (binary) screen = (screen + data.toString('latin1')).slice(-1000);
+      });
+      await new Promise<void>((resolve, reject) => {
+        ws.once('open', resolve);
+        ws.once('error', reject);
+      });
+      try {
+        // The shell runs a command that never reads, on a raw terminal (a canonical one would
+        // drop input past a full line): its input queue fills, boxd's writes to it block, and
+        // so do its reads from the bridge.
+        ws.send(Buffer.from('stty raw -echo; echo "busy-$((6 * 7))"; sleep 120\n'), { binary: true });
+        await waitFor('the shell to be busy', async () => (screen.includes('busy-42') ? true : undefined), { timeoutMs: 30_000 });
+        const before = memoryOf(bridge.pid);
+        const sampler = sampleRss(bridge.pid);
+        const chunk = Buffer.alloc(1024 * 1024, 'x');
+        let sent = 0;
+        const until = Date.now() + 8000;
+        // As fast as the connection takes it, keeping this side's own buffer small.
+        while (Date.now() < until) {
+          if (ws.bufferedAmount < 8 * MiB) {
+            ws.send(chunk, { binary: true });
+            sent += chunk.length;
+          } else await new Promise((r) => setTimeout(r, 10));
+        }
+        const samples = sampler.stop();
+        const taken = (sent - ws.bufferedAmount) / MiB;
+        const grew = Math.max(...samples) - before.rss;
+        process.stderr.write(
+          `[limits] paste into a terminal that reads nothing, 8 s: ${taken.toFixed(0)} MiB left the caller; bridge RSS ${before.rss.toFixed(0)} MiB before, max ${Math.max(...samples).toFixed(0)} MiB (+${grew.toFixed(0)})\n`,
+        );
+        expect(grew).toBeLessThan(48);
+      } finally {
+        ws.terminate();
+      }
+    }, 120_000);
   });
 
   describe('deadlines and cancellation, through an in-process replica', () => {
