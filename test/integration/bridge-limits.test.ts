@@ -5,6 +5,7 @@
 // caller disconnects gives its slot back at once.
 import { randomBytes } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
+import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { WebSocket } from 'ws';
@@ -28,6 +29,11 @@ function memoryOf(pid: number): { rss: number; peak: number } {
   const status = readFileSync(`/proc/${pid}/status`, 'utf8');
   const kib = (field: string) => Number(new RegExp(`${field}:\\s+(\\d+) kB`).exec(status)![1]);
   return { rss: kib('VmRSS') / 1024, peak: kib('VmHWM') / 1024 };
+}
+
+/** Bytes a process has read through syscalls (sockets included) since it started, in MiB. */
+function readMiB(pid: number): number {
+  return Number(/^rchar: (\d+)$/m.exec(readFileSync(`/proc/${pid}/io`, 'utf8'))![1]) / MiB;
 }
 
 /** Samples a process's RSS every 50 ms until stopped; resolves with the samples (MiB). */
@@ -190,6 +196,60 @@ suite('one replica against a hostile tenant', () => {
       }
     }, 120_000);
 
+    test('followed output of a flooding process, with a caller that reads nothing, keeps the replica small', async () => {
+      // NUL bytes: the fastest flood, and the costliest JSON (6 bytes per byte).
+      const started = await api(bridge)('POST', `/boxes/${box}/processes`, { command: 'cat /dev/zero' });
+      expect(started.status).toBe(201);
+      const id = started.json.process_id as string;
+      const res = await new Promise<IncomingMessage>((resolve, reject) => {
+        const req = httpRequest(`${bridge.url}/api/v1/boxes/${box}/processes/${id}/output?follow=true`, { headers: { authorization: `Bearer ${TEST_TOKEN}` } }, resolve);
+        req.on('error', reject);
+        req.end();
+      });
+      try {
+        expect(res.statusCode).toBe(200);
+        let got = 0;
+        const counter = (chunk: Buffer) => (got += chunk.length);
+        res.on('data', counter);
+        const flowing = performance.now();
+        await waitFor('output to flow', async () => (got > 16 * MiB ? true : undefined), { timeoutMs: 30_000, intervalMs: 20 });
+        const rate = got / MiB / ((performance.now() - flowing) / 1000);
+        // The caller stops reading; the bridge must stop reading from boxd (boxd keeps the last
+        // 4 MiB and tells a slow follower what it skipped).
+        res.off('data', counter);
+        res.pause();
+        await new Promise((r) => setTimeout(r, 500)); // what was in flight arrives
+        const before = memoryOf(bridge.pid);
+        const readBefore = readMiB(bridge.pid);
+        const sampler = sampleRss(bridge.pid);
+        await new Promise((r) => setTimeout(r, 8000));
+        const samples = sampler.stop();
+        const read = readMiB(bridge.pid) - readBefore;
+        const grew = Math.max(...samples) - before.rss;
+        process.stderr.write(
+          `[limits] followed output of a flood (~${rate.toFixed(0)} MiB/s of NDJSON while read), caller paused 8 s: the bridge read ${read.toFixed(1)} MiB meanwhile; ` +
+            `RSS ${before.rss.toFixed(0)} MiB before, max ${Math.max(...samples).toFixed(0)} MiB (+${grew.toFixed(0)})\n`,
+        );
+        // The source is paused: the bridge reads (almost) nothing more from boxd.
+        expect(read).toBeLessThan(2);
+        expect(grew).toBeLessThan(48);
+        // Read again: it goes on, with a new start line saying what was skipped meanwhile.
+        let carry = '';
+        let skipped = false;
+        res.setEncoding('utf8');
+        res.on('data', (chunk: string) => {
+          const text = carry + chunk;
+          if (/\{"type":"start",[^}]*"dropped":[1-9]/.test(text)) skipped = true;
+          carry = text.slice(-200); // a line cut between two chunks
+        });
+        res.resume();
+        await waitFor('a line saying what was skipped', async () => (skipped ? true : undefined), { timeoutMs: 30_000 });
+      } finally {
+        res.destroy();
+        await api(bridge)('POST', `/boxes/${box}/processes/${id}/signal`, { signal: 'KILL' });
+      }
+    }, 120_000);
+
     test('a caller pasting into a terminal whose shell reads nothing keeps the replica small', async () => {
       const ws = new WebSocket(`${bridge.url.replace('http', 'ws')}/api/v1/boxes/${box}/pty`, PTY_PROTOCOL, {
         headers: { authorization: `Bearer ${TEST_TOKEN}` },
@@ -266,12 +326,25 @@ suite('one replica against a hostile tenant', () => {
           // The marker is the shell's $0, so `ps` shows it.
           body: JSON.stringify({ command: `exec sh -c 'sleep 300; echo never' ${marker}`, timeoutMs: 300_000 }),
           signal: a.signal,
-        }).catch(() => 'aborted'),
+        }).then(
+          async (res) => `answered ${res.status}: ${await res.text()}`,
+          () => 'aborted',
+        ),
       );
-      // All 5 slots are held once a 6th command is refused.
-      await waitFor('the 5 commands to hold every slot', async () => ((await call('POST', `/boxes/${box}/exec`, { command: 'true' })).status === 429 ? true : undefined), {
-        timeoutMs: 20_000,
-      });
+      const settled: string[] = [];
+      for (const p of abandoned) void p.then((outcome) => settled.push(outcome));
+      // All 5 slots are held once a 6th command is refused. The probe takes a slot too, so it
+      // starts once the 5 have had ample time to be admitted (a probe admitted first would
+      // leave one of them refused: the test then says so rather than pass on 4).
+      await new Promise((r) => setTimeout(r, 1000));
+      await waitFor(
+        'the 5 commands to hold every slot',
+        async () => {
+          if (settled.length) throw new Error(`a command that should still run ended: ${settled.join('; ')}`);
+          return (await call('POST', `/boxes/${box}/exec`, { command: 'true' })).status === 429 ? true : undefined;
+        },
+        { timeoutMs: 20_000 },
+      );
       for (const a of aborters) a.abort();
       expect(await Promise.all(abandoned)).toEqual(Array(5).fill('aborted'));
       const started = performance.now();
