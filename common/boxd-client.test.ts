@@ -97,7 +97,7 @@ test('a JSON answer is held against the memory it takes while read, and one over
   };
   const { client } = await setup((_req, res) => res.end(big), { memory, answerLimitBytes: big.length });
   expect((await client.listProcesses(target)).processes).toHaveLength(2000);
-  expect(peak).toBe(3 * big.length);
+  expect(peak).toBe(3 * (big.length - 64 * 1024)); // the first 64 KiB of an answer are free
   expect(held).toBe(0);
 
   const small = new BoxdClient({ port: servers[0]!.port, deadlines, memory, answerLimitBytes: big.length - 1 });
@@ -116,4 +116,14 @@ test('a JSON answer is held against the memory it takes while read, and one over
   });
   clients.push(refusing);
   await expect(refusing.listProcesses(target)).rejects.toMatchObject({ type: 'cluster_unavailable' });
+});
+
+test('small answers (health checks, env, one process) are read even when the memory is spent', async () => {
+  const memory = {
+    take: (): (() => void) => {
+      throw new BridgeError('cluster_unavailable', 'short of memory');
+    },
+  };
+  const { client } = await setup((_req, res) => res.end('{"status":"ok","version":"test"}'), { memory });
+  expect(await client.health(target)).toEqual({ status: 'ok', version: 'test' });
 });

@@ -152,6 +152,11 @@ export class BoxdDeadlineError extends BridgeError {
 const ERROR_BODY_LIMIT = 64 * 1024;
 /** A JSON answer takes about this many times its size while read, parsed and answered from. */
 const ANSWER_HOLD_FACTOR = 3;
+/**
+ * The first bytes of an answer are not held against the memory: most answers are this small,
+ * and a spent budget must not fail health probes, env writes or process lists.
+ */
+const ANSWER_FREE_BYTES = 64 * 1024;
 /** A health probe's result is shared with every call to the box that falls quiet this soon after. */
 const PROBE_SHARE_MS = 1000;
 
@@ -325,7 +330,12 @@ export class BoxdClient {
     const res = await this.send(t, method, path, opts);
     const held: Array<() => void> = [];
     try {
-      const take = this.options.memory ? (n: number) => held.push(this.options.memory!.take(n * ANSWER_HOLD_FACTOR)) : undefined;
+      let free = ANSWER_FREE_BYTES;
+      const take = (n: number) => {
+        const counted = Math.max(0, n - free);
+        free = Math.max(0, free - n);
+        if (counted && this.options.memory) held.push(this.options.memory.take(counted * ANSWER_HOLD_FACTOR));
+      };
       return JSON.parse((await readAll(res, this.answerLimit, take)).toString('utf8')) as T;
     } finally {
       for (const release of held) release();
