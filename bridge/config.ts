@@ -40,14 +40,28 @@ export const ConfigSchema = z
     BOXD_IMAGE: z.string().min(1, 'must name the boxd image'),
     /** A new connection to a box's agent taking longer than this counts as unreachable. */
     BOXD_CONNECT_TIMEOUT_MS: int(2000, 100),
+    /**
+     * A call into a box that moves no byte for this long (waiting for the answer's first byte,
+     * or in a body) asks boxd's health; no answer within it either ends the call with 503.
+     */
+    BOXD_IDLE_TIMEOUT_MS: int(5000, 100),
+    /** Total deadline of a call into a box answered whole (env, processes, stdin, signals). */
+    BOXD_CALL_TIMEOUT_MS: int(60_000, 1000),
+    /** Total deadline of a file or archive transfer, a listing or a delete. */
+    BOXD_TRANSFER_TIMEOUT_MS: int(600_000, 1000),
+    /** The largest JSON answer the bridge reads from a box (a file listing, the process list). */
+    BOXD_ANSWER_LIMIT_BYTES: int(32 * MiB, 64 * 1024),
     EXEC_OUTPUT_LIMIT_BYTES: int(10 * MiB, 1),
     FILE_SIZE_LIMIT_BYTES: int(50 * MiB, 1),
     ARCHIVE_SIZE_LIMIT_BYTES: int(50 * MiB, 1),
     ARCHIVE_MAX_ENTRIES: int(100_000, 1),
     /** Live background processes and terminals per box. */
     MAX_PROCESSES_PER_BOX: int(32, 1),
-    /** Bytes this replica may hold for JSON file reads at once (beyond: 429, retry). */
-    TRANSFER_BUDGET_BYTES: int(192 * MiB, 1),
+    /**
+     * Bytes this replica may hold for requests at once: exec answers, JSON file reads, transfers,
+     * output streams, terminals, answers from boxes (services/byte-budget.ts). Beyond: 503, retry.
+     */
+    TRANSFER_BUDGET_BYTES: int(192 * MiB, 4 * MiB),
     /** Requests per second and burst per token name (per replica). */
     RATE_LIMIT_RPS: int(100, 1),
     RATE_LIMIT_BURST: int(200, 1),

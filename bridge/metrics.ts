@@ -23,6 +23,10 @@ export interface BridgeMetrics {
   fencesMet: Counter<'outcome'>;
   wakes: Counter<'path' | 'outcome'>;
   wakeDuration: Histogram<'path'>;
+  budgetBytes: Gauge;
+  budgetUsed: Gauge;
+  budgetRefusals: Counter<'kind'>;
+  boxdDeadlines: Counter<'deadline'>;
 }
 
 /** Live state read at scrape time (the chart's PrometheusRule alerts on these). */
@@ -35,6 +39,8 @@ export interface MetricsState {
   healthy?: () => boolean;
   /** Names of the bearer tokens this replica accepts now. */
   tokenNames?: () => string[];
+  /** Bytes of the memory budget held by requests now. */
+  budgetUsed?: () => number;
 }
 
 export function createMetrics(activeBoxes: () => number = () => 0, state: MetricsState = {}): BridgeMetrics {
@@ -180,6 +186,31 @@ export function createMetrics(activeBoxes: () => number = () => 0, state: Metric
       help: 'From a call finding its box asleep to the box answering with its workspace restored, by path (warm, cold)',
       labelNames: ['path'],
       buckets: [0.25, 0.5, 1, 1.5, 2.5, 5, 10, 30, 60, 120],
+      registers: [registry],
+    }),
+    budgetBytes: new Gauge({
+      name: 'sandbox_bridge_memory_budget_bytes',
+      help: 'The memory budget of this replica: bytes requests may hold at once (TRANSFER_BUDGET_BYTES)',
+      registers: [registry],
+    }),
+    budgetUsed: new Gauge({
+      name: 'sandbox_bridge_memory_budget_used_bytes',
+      help: 'Bytes of the memory budget held by requests now (exec answers, file reads, transfers, output streams, terminals)',
+      registers: [registry],
+      collect() {
+        if (state.budgetUsed) this.set(state.budgetUsed());
+      },
+    }),
+    budgetRefusals: new Counter({
+      name: 'sandbox_bridge_memory_budget_refusals_total',
+      help: 'Requests refused with 503 because the memory budget was spent, by kind (exec, output, terminal, file, archive, answer)',
+      labelNames: ['kind'],
+      registers: [registry],
+    }),
+    boxdDeadlines: new Counter({
+      name: 'sandbox_bridge_boxd_deadlines_total',
+      help: 'Calls into boxes ended by a deadline, by deadline (connect, idle: quiet and no answer to a health check, total)',
+      labelNames: ['deadline'],
       registers: [registry],
     }),
   };

@@ -101,7 +101,11 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     healthy: () => cache.isHealthy() && policy.isHealthy(),
     tokenNames: () => tokens.names(),
     warmReady: () => cache.warmReadyCount(policy.poolName),
+    budgetUsed: () => budget.inUse(),
   });
+  // One budget for every byte a request holds (services/byte-budget.ts).
+  const budget = new ByteBudget(config.TRANSFER_BUDGET_BYTES, { onRefused: (kind) => metrics.budgetRefusals.inc({ kind }) });
+  metrics.budgetBytes.set(budget.total);
   await startWithin(cache.start(), config.STARTUP_TIMEOUT_MS, `the box watch in namespace ${namespace}`);
 
   // Not awaited: only the node views and capacity need them, and they answer 503 until synced.
@@ -119,7 +123,17 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const sleeping = new SleepingRecords(kc, namespace, log);
   await startWithin(sleeping.start(), config.STARTUP_TIMEOUT_MS, `the sleeping box watch in namespace ${namespace}`);
   const seats = new BoxSeats(core, call, namespace);
-  const boxd = new BoxdClient({ connectTimeoutMs: config.BOXD_CONNECT_TIMEOUT_MS });
+  const boxd = new BoxdClient({
+    deadlines: {
+      connectMs: config.BOXD_CONNECT_TIMEOUT_MS,
+      idleMs: config.BOXD_IDLE_TIMEOUT_MS,
+      callMs: config.BOXD_CALL_TIMEOUT_MS,
+      transferMs: config.BOXD_TRANSFER_TIMEOUT_MS,
+    },
+    answerLimitBytes: config.BOXD_ANSWER_LIMIT_BYTES,
+    memory: { take: (n) => budget.reserve(n, 'answer', 'an answer from a box').release },
+    onDeadline: (deadline) => metrics.boxdDeadlines.inc({ deadline }),
+  });
   const boxes = new BoxService({
     core,
     call,
@@ -174,6 +188,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const exec = new ExecService({
     connector,
     boxd,
+    budget,
     maxExecsPerBox: () => policy.current().maxExecsPerBox,
     outputLimit: config.EXEC_OUTPUT_LIMIT_BYTES,
     onExecDone: (outcome, seconds) => metrics.execDuration.observe({ outcome }, seconds),
@@ -182,12 +197,12 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const files = new FileService({
     connector,
     boxd,
-    budget: new ByteBudget(config.TRANSFER_BUDGET_BYTES),
+    budget,
     fileSizeLimit: config.FILE_SIZE_LIMIT_BYTES,
     archiveSizeLimit: config.ARCHIVE_SIZE_LIMIT_BYTES,
     archiveMaxEntries: config.ARCHIVE_MAX_ENTRIES,
   });
-  const processes = new ProcessService({ connector, boxd, maxProcessesPerBox: config.MAX_PROCESSES_PER_BOX });
+  const processes = new ProcessService({ connector, boxd, budget, maxProcessesPerBox: config.MAX_PROCESSES_PER_BOX });
   const env = new EnvService({ connector, boxd, records });
   const snapshots = new SnapshotService({
     connector,
@@ -242,7 +257,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   let shuttingDown = false;
   const apiServer: Server = app.listen(config.PORT, config.HOST);
   const terminals = terminalUpgrades({
-    terminals: new TerminalService({ connector, boxd }),
+    terminals: new TerminalService({ connector, boxd, budget }),
     log,
     admit: (req, presented) =>
       admitUpgrade(

@@ -1,7 +1,10 @@
 // The one place that speaks boxd's protocol (boxd/PROTOCOL.md): routes, the credential header,
 // error bodies, frames. Services call these typed methods with a target (pod IP + token) and
-// never see a boxd URL. Plain HTTP/1.1 with keep-alive connections per box.
+// never see a boxd URL. Plain HTTP/1.1 with keep-alive connections per box. Every call has
+// deadlines (connect, first byte and idle, total: see BoxdDeadlines), so a frozen boxd or a
+// partitioned node ends a call with 503 instead of hanging it until TCP gives up.
 import http from 'node:http';
+import type { Socket } from 'node:net';
 import type { Duplex, Readable } from 'node:stream';
 import { BOXD_PORT } from './boxd.js';
 import { BridgeError, ERROR_STATUS, type ErrorType } from './errors.js';
@@ -92,26 +95,100 @@ interface SendOptions {
   body?: Readable | Buffer;
   contentLength?: number;
   signal?: AbortSignal | undefined;
+  /** A health probe: its quiet period fails it at once. */
+  probe?: boolean;
 }
 
 export interface BoxdClientOptions {
   port?: number;
-  /** How long a new connection may take before boxd counts as unreachable. */
+  /** How long a new connection may take before boxd counts as unreachable (deadlines.connectMs). */
   connectTimeoutMs?: number;
+  deadlines?: Partial<BoxdDeadlines>;
+  /** The largest JSON answer read from boxd (a file listing of 100,000 entries is ~20 MB). */
+  answerLimitBytes?: number;
+  /** Memory JSON answers are held against while they are read and parsed. */
+  memory?: AnswerMemory;
+  /** A call ended by one of its deadlines (metrics). */
+  onDeadline?: (deadline: 'connect' | 'idle' | 'total') => void;
+}
+
+/**
+ * Deadlines of every call to boxd (docs/api.md, "Deadlines of calls into a box"). Quiet periods
+ * are not failures by themselves: boxd may be busy (extracting an archive, writing stdin to a
+ * process that reads slowly) or the call's own reader slow. So when a call has moved no byte
+ * either way for idleMs (before the answer's first byte, or in a body), the client asks boxd's
+ * health on another connection: the call goes on if boxd answers within idleMs, and ends with
+ * 503 if it does not (a frozen boxd, a partitioned node). Totals bound what a call may hold.
+ */
+export interface BoxdDeadlines {
+  /** A new TCP connection (then boxd counts as unreachable, and a call that never reached it may be retried). */
+  connectMs: number;
+  /** No byte either way for this long (first byte of the answer, or idle in a body): probe boxd's health. */
+  idleMs: number;
+  /** Total of a call answered whole (env, processes, stdin, signals, health, fence). */
+  callMs: number;
+  /** Total of a file or archive transfer, a listing or a delete (sizes up to 50 MiB, trees up to 100,000 entries). */
+  transferMs: number;
+}
+
+export const DEFAULT_BOXD_DEADLINES: BoxdDeadlines = { connectMs: 2000, idleMs: 5000, callMs: 60_000, transferMs: 600_000 };
+
+/** An exec's total deadline is its command's timeout plus this: time for boxd to kill the tree and answer. */
+export const EXEC_GRACE_MS = 15_000;
+
+/** Memory for boxd's JSON answers (the bridge's byte budget): take throws when there is none, e.g. a 503. */
+export interface AnswerMemory {
+  /** Holds n bytes; the returned function gives them back. */
+  take(n: number): () => void;
+}
+
+/** A call to boxd ended by a deadline: the box (its agent, or its node) is not answering. */
+export class BoxdDeadlineError extends BridgeError {
+  constructor(box: string, what: string) {
+    super('cluster_unavailable', `box ${box} ${what}`, { headers: { 'Retry-After': '5' } });
+  }
 }
 
 const ERROR_BODY_LIMIT = 64 * 1024;
+/** A JSON answer takes about this many times its size while read, parsed and answered from. */
+const ANSWER_HOLD_FACTOR = 3;
+/**
+ * The first bytes of an answer are not held against the memory: most answers are this small,
+ * and a spent budget must not fail health probes, env writes or process lists.
+ */
+const ANSWER_FREE_BYTES = 64 * 1024;
+/** A health probe's result is shared with every call to the box that falls quiet this soon after. */
+const PROBE_SHARE_MS = 1000;
+
+/**
+ * Which deadlines a call has, by route: a total for calls answered whole, a longer one for
+ * transfers, the command's timeout for an exec; none for what is meant to stay open (a
+ * terminal, followed output), which the idle probe alone watches. Probes have no probe.
+ */
+type DeadlineClass = { kind: 'call' | 'transfer' | 'exec' | 'open'; totalMs?: number } | { kind: 'probe'; totalMs?: undefined };
+
+function deadlineOf(d: BoxdDeadlines, method: string, path: string, query: Query | undefined, json: unknown): DeadlineClass {
+  if (path === '/v1/exec') return { kind: 'exec', totalMs: Number((json as { timeout_ms?: number } | undefined)?.timeout_ms ?? 0) + EXEC_GRACE_MS };
+  if (path === '/v1/pty') return { kind: 'open' };
+  if (/^\/v1\/processes\/[^/]+\/output$/.test(path)) return query?.follow ? { kind: 'open' } : { kind: 'transfer', totalMs: d.transferMs };
+  if (path.startsWith('/v1/files') || path === '/v1/archive') return { kind: 'transfer', totalMs: d.transferMs };
+  return { kind: 'call', totalMs: d.callMs };
+}
 
 export class BoxdClient {
   private readonly port: number;
-  private readonly connectTimeoutMs: number;
+  private readonly deadlines: BoxdDeadlines;
+  private readonly answerLimit: number;
   // Idle connections are dropped after 30 s; boxd keeps them longer, so we always close first
   // and never reuse a socket boxd is closing.
   private readonly agent = new http.Agent({ keepAlive: true, timeout: 30_000, maxFreeSockets: 1024, scheduling: 'lifo' });
+  /** Health probes in flight or just answered, by box and address (shared by its quiet calls). */
+  private readonly probes = new Map<string, Promise<boolean>>();
 
-  constructor(options: BoxdClientOptions = {}) {
+  constructor(private readonly options: BoxdClientOptions = {}) {
     this.port = options.port ?? BOXD_PORT;
-    this.connectTimeoutMs = options.connectTimeoutMs ?? 2000;
+    this.deadlines = { ...DEFAULT_BOXD_DEADLINES, ...(options.connectTimeoutMs ? { connectMs: options.connectTimeoutMs } : {}), ...options.deadlines };
+    this.answerLimit = options.answerLimitBytes ?? 32 * 1024 * 1024;
   }
 
   close(): void {
@@ -251,7 +328,37 @@ export class BoxdClient {
 
   private async json<T>(t: BoxdTarget, method: string, path: string, opts: SendOptions): Promise<T> {
     const res = await this.send(t, method, path, opts);
-    return JSON.parse((await readAll(res, Infinity)).toString('utf8')) as T;
+    const held: Array<() => void> = [];
+    try {
+      let free = ANSWER_FREE_BYTES;
+      const take = (n: number) => {
+        const counted = Math.max(0, n - free);
+        free = Math.max(0, free - n);
+        if (counted && this.options.memory) held.push(this.options.memory.take(counted * ANSWER_HOLD_FACTOR));
+      };
+      return JSON.parse((await readAll(res, this.answerLimit, take)).toString('utf8')) as T;
+    } finally {
+      for (const release of held) release();
+    }
+  }
+
+  /**
+   * Whether boxd answers its health check within the idle deadline, on a connection of its own.
+   * One probe per box at a time, its answer shared for a moment, so many quiet calls (terminals,
+   * followed output) to one box cost one probe.
+   */
+  private alive(t: BoxdTarget): Promise<boolean> {
+    const key = `${t.box}@${t.ip}`;
+    let probe = this.probes.get(key);
+    if (!probe) {
+      probe = this.json(t, 'GET', '/v1/health', { probe: true }).then(
+        () => true,
+        () => false,
+      );
+      this.probes.set(key, probe);
+      void probe.then(() => setTimeout(() => this.probes.delete(key), Math.min(PROBE_SHARE_MS, this.deadlines.idleMs / 2)).unref());
+    }
+    return probe;
   }
 
   /** Sends a request; resolves with a 2xx response (body unread), rejects with the mapped error otherwise. */
@@ -270,7 +377,7 @@ export class BoxdClient {
       // call refused before it starts (a sleep's fence, a wrong credential) leaves the stream
       // unread, so the caller may send it again.
       if (stream) headers.expect = '100-continue';
-      const req = this.request(t, method, path, opts.query, opts.signal, headers, reject);
+      const req = this.request(t, method, path, opts.query, opts.signal, headers, reject, opts.probe ? { kind: 'probe' } : undefined, opts.json);
       let continued = false;
       req.on('response', (res) => {
         if ((res.statusCode ?? 500) < 300) return resolve(res);
@@ -297,7 +404,11 @@ export class BoxdClient {
     signal: AbortSignal | undefined,
     headers: http.OutgoingHttpHeaders,
     reject: (err: unknown) => void,
+    deadline?: DeadlineClass,
+    json?: unknown,
   ): http.ClientRequest {
+    const d = this.deadlines;
+    const cls = deadline ?? deadlineOf(d, method, path, query, json);
     const req = http.request({
       host: t.ip,
       port: this.port,
@@ -309,25 +420,90 @@ export class BoxdClient {
       ...(signal ? { signal } : {}),
     });
     let connected = false;
+    let res: http.IncomingMessage | undefined;
+    let upgraded: Duplex | undefined;
+    let done = false;
+    const expired = (which: 'connect' | 'idle' | 'total', err: Error) => {
+      if (done) return;
+      if (cls.kind !== 'probe') this.options.onDeadline?.(which);
+      // Whoever holds the call now sees the error: the answer's reader, the terminal's relay, or send().
+      if (upgraded) upgraded.destroy(err);
+      else if (res) res.destroy(err);
+      else req.destroy(err);
+    };
+    const total =
+      cls.totalMs !== undefined
+        ? setTimeout(() => expired('total', new BoxdDeadlineError(t.box, `did not finish the call within ${cls.totalMs} ms`)), cls.totalMs)
+        : undefined;
+    let unwatch = () => {};
+    const finish = () => {
+      if (done) return;
+      done = true;
+      clearTimeout(total);
+      unwatch();
+    };
+
     req.on('socket', (socket) => {
-      if (!(socket as { connecting?: boolean }).connecting) {
+      const watch = () => {
         connected = true;
-        return;
-      }
-      const timer = setTimeout(() => req.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' })), this.connectTimeoutMs);
+        if (!done) unwatch = this.watchQuiet(t, socket, cls, (err) => expired('idle', err));
+      };
+      if (!(socket as { connecting?: boolean }).connecting) return watch();
+      const timer = setTimeout(() => {
+        if (cls.kind !== 'probe') this.options.onDeadline?.('connect');
+        req.destroy(Object.assign(new Error('connect timeout'), { code: 'ETIMEDOUT' }));
+      }, d.connectMs);
       socket.once('connect', () => {
-        connected = true;
         clearTimeout(timer);
+        watch();
       });
       socket.once('close', () => clearTimeout(timer));
     });
+    req.on('response', (r) => (res = r));
+    req.on('upgrade', (_r, socket) => {
+      // The connection is the caller's from now on (a terminal): watched until it closes.
+      upgraded = socket;
+      socket.once('close', finish);
+    });
+    req.on('close', () => {
+      if (!upgraded) finish();
+    });
     req.on('error', (err: NodeJS.ErrnoException) => {
       if (signal?.aborted) reject(signal.reason ?? err);
-      else if (err instanceof BridgeError) reject(err); // the request body failed (e.g. bad base64)
+      else if (err instanceof BridgeError) reject(err); // a deadline, or the request body failed (e.g. bad base64)
       else if (!connected) reject(new BoxdUnreachableError(t.box, err.code ?? err.message));
       else reject(new BridgeError('cluster_unavailable', `lost the connection to box ${t.box} (${err.code ?? err.message})`, { headers: { 'Retry-After': '1' }, cause: err }));
     });
     return req;
+  }
+
+  /**
+   * Watches a call's connection for quiet periods (no byte either way for idleMs): each one asks
+   * boxd's health; no answer fails the call. Returns the function that stops watching (the
+   * connection then goes back to the pool for other calls).
+   */
+  private watchQuiet(t: BoxdTarget, socket: Socket, cls: DeadlineClass, fail: (err: Error) => void): () => void {
+    const idleMs = this.deadlines.idleMs;
+    let stopped = false;
+    let probing = false;
+    const quiet = () => {
+      if (stopped || probing) return;
+      if (cls.kind === 'probe') return fail(new BoxdDeadlineError(t.box, `did not answer a health check within ${idleMs} ms`));
+      probing = true;
+      void this.alive(t).then((ok) => {
+        probing = false;
+        if (stopped) return;
+        if (!ok) fail(new BoxdDeadlineError(t.box, `stopped answering (nothing for ${idleMs} ms, and no answer to a health check)`));
+        else socket.setTimeout(idleMs); // Node reports a quiet socket once: arm it again
+      });
+    };
+    socket.setTimeout(idleMs);
+    socket.on('timeout', quiet);
+    return () => {
+      stopped = true;
+      socket.off('timeout', quiet);
+      socket.setTimeout(0);
+    };
   }
 }
 
@@ -361,16 +537,23 @@ async function errorOf(res: http.IncomingMessage, box: string): Promise<BridgeEr
   return new BridgeError(type, message, type === 'rate_limited' ? { headers: { 'Retry-After': '1' } } : {});
 }
 
-export async function readAll(stream: Readable, limit: number): Promise<Buffer> {
+/**
+ * A stream's bytes, at most limit of them (more: the stream is destroyed and the call fails);
+ * take (which may throw, e.g. when the replica is short of memory) is told of each chunk first.
+ */
+export async function readAll(stream: Readable, limit: number, take?: (n: number) => void): Promise<Buffer> {
   const chunks: Buffer[] = [];
   let size = 0;
-  for await (const chunk of stream as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > limit) {
-      stream.destroy();
-      throw new BridgeError('internal_error', `boxd answer larger than ${limit} bytes`);
+  try {
+    for await (const chunk of stream as AsyncIterable<Buffer>) {
+      size += chunk.length;
+      if (size > limit) throw new BridgeError('internal_error', `the box's answer is larger than ${limit} bytes`);
+      take?.(chunk.length);
+      chunks.push(chunk);
     }
-    chunks.push(chunk);
+  } catch (err) {
+    stream.destroy();
+    throw err;
   }
-  return Buffer.concat(chunks);
+  return Buffer.concat(chunks, size);
 }

@@ -1,5 +1,7 @@
 // Streamed answers as newline-delimited JSON (application/x-ndjson): lines are written as they
 // come, with backpressure; the caller going away aborts `signal`, which stops the work behind it.
+// Output is cut into lines of at most 32 KiB of bytes, so a line's JSON (up to 6 bytes per byte
+// of control characters) stays within what the relay reserved of the memory budget.
 import { once } from 'node:events';
 import { TextDecoder } from 'node:util';
 import type { Request, Response } from 'express';
@@ -21,11 +23,23 @@ export function wantsNdjson(req: Request): boolean {
   return req.accepts(['application/json', NDJSON]) === NDJSON;
 }
 
-export function ndjsonStream(res: Response): NdjsonStream {
+/**
+ * Aborts when the caller disconnects before its answer was sent whole: the route hands it to
+ * the service, which stops the work (boxd kills a command whose connection closes).
+ */
+export function callerSignal(res: Response): AbortSignal {
   const aborter = new AbortController();
-  res.on('close', () => {
-    if (!res.writableFinished) aborter.abort(new BridgeError('invalid_request', 'the caller disconnected'));
-  });
+  const gone = () => aborter.abort(new BridgeError('invalid_request', 'the caller disconnected'));
+  if (res.destroyed && !res.writableFinished) gone();
+  else
+    res.on('close', () => {
+      if (!res.writableFinished) gone();
+    });
+  return aborter.signal;
+}
+
+export function ndjsonStream(res: Response): NdjsonStream {
+  const signal = callerSignal(res);
   const open = () => {
     if (res.headersSent) return;
     res.status(200).setHeader('Content-Type', NDJSON);
@@ -33,11 +47,11 @@ export function ndjsonStream(res: Response): NdjsonStream {
     res.flushHeaders();
   };
   return {
-    signal: aborter.signal,
+    signal,
     open,
     async write(line) {
       open();
-      if (!res.write(`${JSON.stringify(line)}\n`) && !res.destroyed) await once(res, 'drain', { signal: aborter.signal });
+      if (!res.write(`${JSON.stringify(line)}\n`) && !res.destroyed) await once(res, 'drain', { signal });
     },
     end(err) {
       if (err === undefined) {
@@ -50,6 +64,21 @@ export function ndjsonStream(res: Response): NdjsonStream {
       if (!res.destroyed) res.end(`${JSON.stringify({ type: 'error', ...e.toJSON() })}\n`);
     },
   };
+}
+
+/** Output bytes per line at most. */
+const LINE_BYTES = 32 * 1024;
+
+/**
+ * Writes output as lines `{type, data, ...extra(at)}`, at most LINE_BYTES of it per line (`at`:
+ * where the line's bytes start in data, e.g. for offsets). Lines without text (a character cut
+ * at the end of a piece) are left out.
+ */
+export async function writeOutput(out: NdjsonStream, text: Utf8Chunks, type: string, data: Buffer, extra: (at: number) => object = () => ({})): Promise<void> {
+  for (let at = 0; at < data.length; at += LINE_BYTES) {
+    const decoded = text.decode(type, data.subarray(at, at + LINE_BYTES));
+    if (decoded) await out.write({ type, data: decoded, ...extra(at) });
+  }
 }
 
 /** Decodes one output stream's chunks as UTF-8 without splitting characters across lines. */

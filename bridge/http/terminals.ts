@@ -1,7 +1,9 @@
 // GET /api/v1/boxes/:id/pty as a WebSocket: binary frames are terminal bytes both ways; text
 // frames from the caller are JSON controls ({"type":"resize","cols","rows"}); when the shell
 // exits the bridge sends {"type":"exit","exit_code"} and closes with 1000. Upgrades bypass
-// Express, so authentication and rate limiting are applied here explicitly.
+// Express, so authentication and rate limiting are applied here explicitly. The relay applies
+// backpressure both ways (a slow side pauses the other), so a box flooding its terminal, or a
+// caller pasting faster than the shell reads, never grows the replica's memory.
 import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
@@ -38,6 +40,8 @@ export function terminalUpgrades(deps: TerminalUpgradeDeps) {
     if (!query.success) throw new BridgeError('invalid_request', describeIssues(query.error));
     const boxId = decodeURIComponent(match[1]!);
     const box = await deps.terminals.open(boxId, query.data);
+    box.socket.on('error', () => undefined); // the relay says why it closed; until then nothing may throw
+    box.socket.once('close', box.release);
     if (socket.destroyed) {
       box.socket.destroy();
       return;
@@ -72,8 +76,25 @@ function presentedToken(req: IncomingMessage): string | undefined {
   return undefined;
 }
 
+/** Bytes waiting to go out (to the caller, or to boxd) beyond which the other side is paused. */
+const HIGH_WATER = 256 * 1024;
+/** ... and below which it is resumed. */
+const LOW_WATER = 64 * 1024;
+/** A caller that has not answered a ping for this long is gone (its connection is dropped). */
+const HEARTBEAT_MS = 30_000;
+
 function relay(ws: WebSocket, boxd: Duplex, head: Buffer, log: Logger): void {
   const decoder = new FrameDecoder();
+  let boxPaused = false;
+  let closeReason = 'the box closed the terminal';
+  // To the caller: sends complete (the callback) as its socket takes them; boxd's socket is
+  // read again once what waits is under the low watermark.
+  const sent = () => {
+    if (boxPaused && ws.bufferedAmount <= LOW_WATER) {
+      boxPaused = false;
+      boxd.resume();
+    }
+  };
   const fromBox = (chunk: Buffer) => {
     let frames;
     try {
@@ -85,36 +106,68 @@ function relay(ws: WebSocket, boxd: Duplex, head: Buffer, log: Logger): void {
       return;
     }
     for (const frame of frames) {
-      if (frame.type === FRAME.stdout) ws.send(frame.payload, { binary: true });
+      if (frame.type === FRAME.stdout) ws.send(frame.payload, { binary: true }, sent);
       else if (frame.type === FRAME.exit) {
         const exit = frameJson<{ exit_code: number }>(frame);
         ws.send(JSON.stringify({ type: 'exit', exit_code: exit.exit_code }));
         ws.close(1000, 'terminal ended');
       } else if (frame.type === FRAME.error) ws.close(1011, frameJson<{ message?: string }>(frame).message?.slice(0, 120) ?? 'box error');
     }
+    if (!boxPaused && ws.bufferedAmount > HIGH_WATER) {
+      boxPaused = true;
+      boxd.pause();
+    }
   };
   if (head.length) fromBox(head);
   boxd.on('data', fromBox);
   boxd.on('close', () => {
-    if (ws.readyState === ws.OPEN) ws.close(1011, 'the box closed the terminal');
+    if (ws.readyState === ws.OPEN) ws.close(1011, closeReason);
   });
-  boxd.on('error', () => undefined);
+  boxd.on('error', (err) => {
+    // A deadline (the box stopped answering) says so; anything else is a lost connection.
+    if (err instanceof BridgeError) closeReason = 'the box stopped answering';
+  });
 
+  // From the caller: while boxd's socket holds more than its watermark, the caller's socket is
+  // not read (TCP pushes back to the caller).
+  let callerPaused = false;
+  const toBox = (frame: Buffer) => {
+    if (boxd.write(frame) || callerPaused) return;
+    callerPaused = true;
+    ws.pause();
+    boxd.once('drain', () => {
+      callerPaused = false;
+      ws.resume();
+    });
+  };
   ws.on('message', (data: RawData, isBinary: boolean) => {
     const bytes = Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data as ArrayBuffer);
     if (isBinary) {
-      boxd.write(encodeFrame(FRAME.stdin, bytes));
+      toBox(encodeFrame(FRAME.stdin, bytes));
       return;
     }
     try {
       const control = PtyControl.parse(JSON.parse(bytes.toString('utf8')));
-      if (control.type === 'eof') boxd.write(encodeFrame(FRAME.eof));
-      else boxd.write(encodeFrame(FRAME.resize, JSON.stringify({ cols: control.cols, rows: control.rows })));
+      if (control.type === 'eof') toBox(encodeFrame(FRAME.eof));
+      else toBox(encodeFrame(FRAME.resize, JSON.stringify({ cols: control.cols, rows: control.rows })));
     } catch {
       ws.close(1003, 'text frames must be {"type":"resize","cols","rows"} or {"type":"eof"}');
     }
   });
-  ws.on('close', () => boxd.destroy());
+
+  // A caller that vanished without closing (no FIN: a dead network) would hold the terminal and
+  // its memory until TCP gave up; a ping it does not answer ends it.
+  let answered = true;
+  ws.on('pong', () => (answered = true));
+  const heartbeat = setInterval(() => {
+    if (!answered) return ws.terminate();
+    answered = false;
+    ws.ping();
+  }, HEARTBEAT_MS).unref();
+  ws.on('close', () => {
+    clearInterval(heartbeat);
+    boxd.destroy();
+  });
   ws.on('error', () => boxd.destroy());
 }
 
@@ -136,5 +189,5 @@ function refuse(socket: Duplex, err: unknown, log: Logger): void {
 }
 
 function statusText(status: number): string {
-  return { 400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden', 404: 'Not Found', 409: 'Conflict', 429: 'Too Many Requests', 503: 'Service Unavailable' }[status] ?? 'Error';
+  return { 400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden', 404: 'Not Found', 409: 'Conflict', 413: 'Payload Too Large', 429: 'Too Many Requests', 503: 'Service Unavailable' }[status] ?? 'Error';
 }

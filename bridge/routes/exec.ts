@@ -1,10 +1,12 @@
 // Commands in a box: exec (answered whole, or streamed as NDJSON with Accept:
-// application/x-ndjson) and background processes.
+// application/x-ndjson) and background processes. Either way a caller that disconnects before
+// its answer is sent cancels the command.
 import express, { Router } from 'express';
 import { ExecRequest, ProcessOutputQuery, SignalRequest, StartProcessRequest, StdinQuery } from '../schemas.js';
 import type { ExecService } from '../services/exec.js';
 import type { ProcessService } from '../services/processes.js';
-import { Utf8Chunks, ndjsonStream, wantsNdjson } from '../http/ndjson.js';
+import { JsonBytes, sendJson } from '../http/json-stream.js';
+import { Utf8Chunks, callerSignal, ndjsonStream, wantsNdjson, writeOutput } from '../http/ndjson.js';
 import { boxIdOf, parse } from '../http/parse.js';
 
 export function execRoutes(deps: { exec: ExecService; processes: ProcessService }): Router {
@@ -17,13 +19,32 @@ export function execRoutes(deps: { exec: ExecService; processes: ProcessService 
   router.post('/:id/exec', json, async (req, res) => {
     const body = parse(ExecRequest, req.body ?? {});
     if (!wantsNdjson(req)) {
-      res.json(await exec.run(boxIdOf(req), body));
+      const signal = callerSignal(res);
+      const answer = await exec.run(boxIdOf(req), body, signal);
+      try {
+        await sendJson(
+          res,
+          200,
+          {
+            exit_code: answer.exit_code,
+            stdout: new JsonBytes(answer.stdout, 'utf8'),
+            stderr: new JsonBytes(answer.stderr, 'utf8'),
+            duration_ms: answer.duration_ms,
+            timed_out: answer.timed_out,
+            stdout_truncated: answer.stdout_truncated,
+            stderr_truncated: answer.stderr_truncated,
+          },
+          signal,
+        );
+      } finally {
+        answer.release();
+      }
       return;
     }
     const out = ndjsonStream(res);
     const text = new Utf8Chunks();
     try {
-      const exit = await exec.stream(boxIdOf(req), body, (stream, data) => out.write({ type: stream, data: text.decode(stream, data) }), {
+      const exit = await exec.stream(boxIdOf(req), body, (stream, data) => writeOutput(out, text, stream, data), {
         signal: out.signal,
         onStart: out.open,
       });
@@ -65,7 +86,7 @@ export function execRoutes(deps: { exec: ExecService; processes: ProcessService 
         (e) => {
           if (e.type === 'start') return out.write(e);
           if (e.type === 'exit') return out.write({ type: 'exit', exit_code: e.exit.exit_code, duration_ms: e.exit.duration_ms, timed_out: e.exit.timed_out });
-          return out.write({ type: e.type, data: text.decode(e.type, e.data), offset: e.offset });
+          return writeOutput(out, text, e.type, e.data, (at) => ({ offset: e.offset + at }));
         },
         out.signal,
       );

@@ -1,10 +1,12 @@
 // Files and archives in a box. Uploads and archive transfers stream through (no whole-body
-// buffering); GET /files answers the spec's JSON, or the raw bytes with Accept:
-// application/octet-stream.
+// buffering); GET /files answers the spec's JSON (encoded piece by piece), or the raw bytes with
+// Accept: application/octet-stream.
 import { pipeline } from 'node:stream/promises';
 import { Router } from 'express';
 import { ArchiveQuery, FileDeleteQuery, FileListQuery, FileQuery } from '../schemas.js';
 import type { FileService } from '../services/files.js';
+import { JsonBytes, sendJson } from '../http/json-stream.js';
+import { callerSignal } from '../http/ndjson.js';
 import { boxIdOf, contentLength, parse } from '../http/parse.js';
 
 export function fileRoutes(deps: { files: FileService }): Router {
@@ -20,7 +22,14 @@ export function fileRoutes(deps: { files: FileService }): Router {
       await pipeline(file.body, res);
       return;
     }
-    res.json(await files.read(boxIdOf(req), q.path, q.base64));
+    const signal = callerSignal(res);
+    const file = await files.read(boxIdOf(req), q.path, q.base64, signal);
+    try {
+      const content = new JsonBytes([file.content], file.encoding === 'text' ? 'utf8' : 'base64');
+      await sendJson(res, 200, { path: file.path, size: file.size, content, encoding: file.encoding }, signal);
+    } finally {
+      file.release();
+    }
   });
 
   router.put('/:id/files', async (req, res) => {

@@ -1,6 +1,9 @@
 // Commands in a box, through boxd: one call, answered whole (the spec's exec) or as a stream of
 // output events. boxd enforces the timeout (killing the whole process tree), the per-stream
-// output cap and the per-box concurrency cap, so all of them hold across every replica.
+// output cap and the per-box concurrency cap, so all of them hold across every replica. What the
+// bridge holds of a call (the frame relay, and the output of an answer given whole) comes out of
+// the replica's byte budget before the command starts: a replica short of memory refuses with
+// 503 and runs nothing.
 import type { IncomingMessage } from 'node:http';
 import { BridgeError, ERROR_STATUS, type ErrorType } from '../../common/errors.js';
 import type { BoxdClient, BoxdExit } from '../../common/boxd-client.js';
@@ -8,6 +11,7 @@ import { FRAME, frameJson, readFrames } from '../boxd/frames.js';
 import type { ExecRequest } from '../schemas.js';
 import type { BoxConnector } from './box-connector.js';
 import { resolvePath } from './box-paths.js';
+import { HOLD_BYTES, HeldBytes, type ByteBudget } from './byte-budget.js';
 
 export type OutputStream = 'stdout' | 'stderr';
 export type ExecOutcome = 'ok' | 'nonzero' | 'timeout' | 'error';
@@ -18,6 +22,7 @@ export type OutputSink = (stream: OutputStream, data: Buffer) => void | Promise<
 export interface ExecServiceDeps {
   connector: BoxConnector;
   boxd: BoxdClient;
+  budget: ByteBudget;
   maxExecsPerBox: () => number;
   /** Per stream, per exec. */
   outputLimit: number;
@@ -25,33 +30,64 @@ export interface ExecServiceDeps {
   onRateLimited?: () => void;
 }
 
-/** Beyond the command's own timeout: time for boxd to kill it and answer. */
-const TIMEOUT_GRACE_MS = 15_000;
+/** An exec answered whole: its output, held against the budget until release(). */
+export interface ExecAnswer {
+  exit_code: number;
+  stdout: Buffer[];
+  stderr: Buffer[];
+  duration_ms: number;
+  timed_out: boolean;
+  /** Cut at the output limit by boxd, or here because the replica's budget had no room for more. */
+  stdout_truncated: boolean;
+  stderr_truncated: boolean;
+  /** Gives the memory of the output back; once the answer is sent (or given up). */
+  release(): void;
+}
+
 /** A stream that ends without its exit frame: how long to wait for the watch to say the box is gone. */
 const GONE_GRACE_MS = 2000;
 
 export class ExecService {
   constructor(private readonly deps: ExecServiceDeps) {}
 
-  /** The spec's exec: the whole output and exit status in one answer. */
-  async run(boxId: string, req: ExecRequest) {
-    const out: Record<OutputStream, Buffer[]> = { stdout: [], stderr: [] };
-    const exit = await this.stream(boxId, req, (stream, data) => {
-      out[stream].push(data);
-    });
-    return {
-      exit_code: exit.exit_code,
-      stdout: Buffer.concat(out.stdout).toString('utf8'),
-      stderr: Buffer.concat(out.stderr).toString('utf8'),
-      duration_ms: exit.duration_ms,
-      timed_out: exit.timed_out,
-      stdout_truncated: exit.stdout_truncated,
-      stderr_truncated: exit.stderr_truncated,
-    };
+  /**
+   * The spec's exec: the whole output and exit status in one answer. The output is held as
+   * bytes, grown block by block from the budget; what the budget has no room for is dropped and
+   * flagged as truncated, so a replica under pressure still answers every command it ran.
+   * signal: the caller went away; boxd then kills the command (its connection closes).
+   */
+  async run(boxId: string, req: ExecRequest, signal?: AbortSignal): Promise<ExecAnswer> {
+    const hold = this.deps.budget.reserve(HOLD_BYTES.frames, 'exec', 'an exec');
+    try {
+      const out = { stdout: new HeldBytes(hold, this.deps.outputLimit), stderr: new HeldBytes(hold, this.deps.outputLimit) };
+      const exit = await this.execute(boxId, req, (stream, data) => out[stream].push(data), signal);
+      return {
+        exit_code: exit.exit_code,
+        stdout: out.stdout.chunks(),
+        stderr: out.stderr.chunks(),
+        duration_ms: exit.duration_ms,
+        timed_out: exit.timed_out,
+        stdout_truncated: exit.stdout_truncated || out.stdout.truncated,
+        stderr_truncated: exit.stderr_truncated || out.stderr.truncated,
+        release: hold.release,
+      };
+    } catch (err) {
+      hold.release();
+      throw err;
+    }
   }
 
   /** Runs the command, handing output to sink as it comes; resolves with how it ended. */
   async stream(boxId: string, req: ExecRequest, sink: OutputSink, opts: { signal?: AbortSignal; onStart?: () => void } = {}): Promise<BoxdExit> {
+    const hold = this.deps.budget.reserve(HOLD_BYTES.frames, 'output', 'a streamed exec');
+    try {
+      return await this.execute(boxId, req, sink, opts.signal, opts.onStart);
+    } finally {
+      hold.release();
+    }
+  }
+
+  private async execute(boxId: string, req: ExecRequest, sink: OutputSink, signal?: AbortSignal, onStart?: () => void): Promise<BoxdExit> {
     const started = performance.now();
     const cwd = resolvePath(req.workdir, 'workdir');
     let outcome: ExecOutcome = 'error';
@@ -59,7 +95,7 @@ export class ExecService {
       const exit = await this.deps.connector.call(
         boxId,
         async ({ target, signal: boxSignal }) => {
-          const deadline = AbortSignal.timeout(req.timeoutMs + TIMEOUT_GRACE_MS);
+          // The client's deadline for an exec is the command's timeout plus time to kill it.
           const res = await this.deps.boxd.exec(
             target,
             {
@@ -71,11 +107,11 @@ export class ExecService {
               max_output_bytes: this.deps.outputLimit,
               max_concurrent: this.deps.maxExecsPerBox(),
             },
-            AbortSignal.any([boxSignal, deadline]),
+            boxSignal,
           );
-          return relayOutput(res, sink, boxSignal, boxId, opts.onStart);
+          return relayOutput(res, sink, boxSignal, boxId, onStart);
         },
-        opts.signal,
+        signal,
       );
       outcome = exit.timed_out ? 'timeout' : exit.exit_code === 0 ? 'ok' : 'nonzero';
       return exit;

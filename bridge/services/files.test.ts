@@ -1,8 +1,7 @@
-// The streaming base64 decoder of file uploads and the transfer budget (pure logic).
+// The streaming base64 decoder of file uploads (pure logic).
 import { Readable } from 'node:stream';
 import { randomBytes } from 'node:crypto';
 import { BridgeError } from '../../common/errors.js';
-import { ByteBudget } from './byte-budget.js';
 import { Base64Decoder } from './files.js';
 
 async function decode(chunks: string[]): Promise<Buffer> {
@@ -29,15 +28,4 @@ test.each([
 ])('refuses %s', async (_name, chunks, message) => {
   await expect(decode(chunks)).rejects.toThrow(message);
   await expect(decode(chunks)).rejects.toBeInstanceOf(BridgeError);
-});
-
-test('the transfer budget refuses what does not fit and gives bytes back once', () => {
-  const budget = new ByteBudget(100);
-  const a = budget.reserve(60, 'a');
-  expect(() => budget.reserve(50, 'b')).toThrow(expect.objectContaining({ type: 'rate_limited' }));
-  expect(() => budget.reserve(101, 'c')).toThrow(expect.objectContaining({ type: 'payload_too_large' }));
-  a();
-  a();
-  expect(budget.inUse()).toBe(0);
-  budget.reserve(100, 'd');
 });

@@ -1,12 +1,15 @@
 // Files and archives in a box, through boxd. Uploads stream from the caller to the box (base64
 // decoded on the fly); downloads stream back, except the spec's JSON read, which must hold the
-// content whole and so takes it from a per-replica memory budget first.
+// content whole (the route encodes it piece by piece). Every transfer holds its share of the
+// replica's byte budget while it runs: the content of a JSON read, a pipe's buffers otherwise.
+import { isUtf8 } from 'node:buffer';
+import type { IncomingMessage } from 'node:http';
 import { Transform, type Readable, type TransformCallback } from 'node:stream';
 import { BridgeError } from '../../common/errors.js';
-import { readAll, type BoxdClient } from '../../common/boxd-client.js';
+import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxConnector } from './box-connector.js';
 import { resolvePath } from './box-paths.js';
-import type { ByteBudget } from './byte-budget.js';
+import { HOLD_BYTES, type ByteBudget, type Hold } from './byte-budget.js';
 
 export interface FileServiceDeps {
   connector: BoxConnector;
@@ -17,52 +20,54 @@ export interface FileServiceDeps {
   archiveMaxEntries: number;
 }
 
-/** A JSON read holds the bytes, the encoded string and its serialization at once. */
-const READ_MEMORY_FACTOR = 3;
-const utf8 = new TextDecoder('utf-8', { fatal: true });
+/** A JSON read: the file's bytes, held against the budget until release(). */
+export interface FileContent {
+  path: string;
+  size: number;
+  content: Buffer;
+  /** text: valid UTF-8 (and base64 not asked for). */
+  encoding: 'text' | 'base64';
+  release(): void;
+}
 
 export class FileService {
   constructor(private readonly deps: FileServiceDeps) {}
 
   /** The spec's read: content as UTF-8 text, or base64 when asked or when it is not UTF-8. */
-  async read(boxId: string, rawPath: string, asBase64: boolean) {
+  async read(boxId: string, rawPath: string, asBase64: boolean, callerSignal?: AbortSignal): Promise<FileContent> {
     const path = resolvePath(rawPath, 'path');
     return this.deps.connector.call(boxId, async ({ target, signal }) => {
       const res = await this.deps.boxd.readFile(target, path, this.deps.fileSizeLimit, signal);
-      const size = Number(res.headers['content-length'] ?? 0);
-      let release: () => void;
+      const size = Number(res.headers['content-length']);
+      let hold: Hold;
       try {
-        release = this.deps.budget.reserve(size * READ_MEMORY_FACTOR, `reading ${path}`);
+        if (!Number.isSafeInteger(size) || size < 0) throw new BridgeError('internal_error', `box ${boxId} answered a file read without its size`);
+        // The bytes, and the pieces of their JSON encoding in flight.
+        hold = this.deps.budget.reserve(size + HOLD_BYTES.pipe, 'file', `reading ${path} (${size} bytes)`);
       } catch (err) {
         res.destroy();
         throw err;
       }
       try {
-        const bytes = await readAll(res, this.deps.fileSizeLimit);
-        let text: string | undefined;
-        if (!asBase64) {
-          try {
-            text = utf8.decode(bytes);
-          } catch {
-            text = undefined; // not UTF-8: base64 instead
-          }
-        }
-        return text !== undefined
-          ? { path, size: bytes.length, content: text, encoding: 'text' as const }
-          : { path, size: bytes.length, content: bytes.toString('base64'), encoding: 'base64' as const };
-      } finally {
-        release();
+        const content = await readExactly(res, size);
+        return { path, size, content, encoding: !asBase64 && isUtf8(content) ? 'text' : 'base64', release: hold.release };
+      } catch (err) {
+        hold.release();
+        throw err;
       }
-    });
+    }, callerSignal);
   }
 
   /** The raw bytes as a stream (Accept: application/octet-stream), never held whole. */
   async download(boxId: string, rawPath: string): Promise<{ path: string; size: number; body: Readable }> {
     const path = resolvePath(rawPath, 'path');
-    return this.deps.connector.call(boxId, async ({ target }) => {
-      const res = await this.deps.boxd.readFile(target, path, this.deps.fileSizeLimit);
-      return { path, size: Number(res.headers['content-length'] ?? 0), body: res };
-    });
+    return this.piped('file', `downloading ${path}`, async (hold) =>
+      this.deps.connector.call(boxId, async ({ target }) => {
+        const res = await this.deps.boxd.readFile(target, path, this.deps.fileSizeLimit);
+        res.once('close', hold.release);
+        return { path, size: Number(res.headers['content-length'] ?? 0), body: res };
+      }),
+    );
   }
 
   /** Streams body into the file; base64 text is decoded on the way. */
@@ -73,14 +78,17 @@ export class FileService {
     if (opts.contentLength !== undefined && opts.contentLength > wireLimit) {
       throw new BridgeError('payload_too_large', `file content is ${opts.contentLength} bytes; the limit is ${limit}`);
     }
-    return this.deps.connector.call(boxId, async ({ target, signal }) => {
-      const content = opts.base64 ? body.pipe(new Base64Decoder()) : body;
-      if (opts.base64) body.on('error', (err) => content.destroy(err));
-      const written = await this.deps.boxd.writeFile(target, path, content, {
-        maxBytes: limit,
-        ...(!opts.base64 && opts.contentLength !== undefined ? { contentLength: opts.contentLength } : {}),
-        signal,
+    return this.piped('file', `writing ${path}`, async (hold) => {
+      const written = await this.deps.connector.call(boxId, ({ target, signal }) => {
+        const content = opts.base64 ? body.pipe(new Base64Decoder()) : body;
+        if (opts.base64) body.on('error', (err) => content.destroy(err));
+        return this.deps.boxd.writeFile(target, path, content, {
+          maxBytes: limit,
+          ...(!opts.base64 && opts.contentLength !== undefined ? { contentLength: opts.contentLength } : {}),
+          signal,
+        });
       });
+      hold.release();
       return { path, size: written.size, encoding: opts.base64 ? ('base64' as const) : ('text' as const) };
     });
   }
@@ -98,7 +106,13 @@ export class FileService {
   /** A tar (optionally gzip) stream of a directory or file. */
   async downloadArchive(boxId: string, q: { path: string; gzip: boolean }): Promise<Readable> {
     const path = resolvePath(q.path, 'path');
-    return this.deps.connector.call(boxId, ({ target }) => this.deps.boxd.readArchive(target, path, q.gzip));
+    return this.piped('archive', `reading the archive of ${path}`, (hold) =>
+      this.deps.connector.call(boxId, async ({ target }) => {
+        const res = await this.deps.boxd.readArchive(target, path, q.gzip);
+        res.once('close', hold.release);
+        return res;
+      }),
+    );
   }
 
   /** Extracts a tar (or tar.gz) stream into a directory; all or nothing. */
@@ -107,15 +121,51 @@ export class FileService {
     if (contentLength !== undefined && contentLength > this.deps.archiveSizeLimit) {
       throw new BridgeError('payload_too_large', `archive is ${contentLength} bytes; the limit is ${this.deps.archiveSizeLimit}`);
     }
-    return this.deps.connector.call(boxId, ({ target, signal }) =>
-      this.deps.boxd.writeArchive(target, path, body, {
-        maxBytes: this.deps.archiveSizeLimit,
-        maxEntries: this.deps.archiveMaxEntries,
-        ...(contentLength !== undefined ? { contentLength } : {}),
-        signal,
-      }),
-    );
+    return this.piped('archive', `extracting an archive into ${path}`, async (hold) => {
+      const written = await this.deps.connector.call(boxId, ({ target, signal }) =>
+        this.deps.boxd.writeArchive(target, path, body, {
+          maxBytes: this.deps.archiveSizeLimit,
+          maxEntries: this.deps.archiveMaxEntries,
+          ...(contentLength !== undefined ? { contentLength } : {}),
+          signal,
+        }),
+      );
+      hold.release();
+      return written;
+    });
   }
+
+  /**
+   * Runs a transfer with a pipe's share of the budget (refused with 503 before anything moves
+   * when there is none). fn releases the hold when its stream is done; a failure releases it here.
+   */
+  private async piped<T>(kind: 'file' | 'archive', what: string, fn: (hold: Hold) => Promise<T>): Promise<T> {
+    const hold = this.deps.budget.reserve(HOLD_BYTES.pipe, kind, what);
+    try {
+      return await fn(hold);
+    } catch (err) {
+      hold.release();
+      throw err;
+    }
+  }
+}
+
+/** Exactly size bytes of a stream, into one buffer (no second copy); more or fewer fail the read. */
+async function readExactly(stream: IncomingMessage, size: number): Promise<Buffer> {
+  const bytes = Buffer.allocUnsafe(size);
+  let at = 0;
+  try {
+    for await (const chunk of stream as AsyncIterable<Buffer>) {
+      if (at + chunk.length > size) throw new BridgeError('internal_error', `the box sent more than the ${size} bytes it announced`);
+      chunk.copy(bytes, at);
+      at += chunk.length;
+    }
+  } catch (err) {
+    stream.destroy();
+    throw err;
+  }
+  if (at !== size) throw new BridgeError('cluster_unavailable', `the box sent ${at} of the ${size} bytes it announced`, { headers: { 'Retry-After': '1' } });
+  return bytes;
 }
 
 /**

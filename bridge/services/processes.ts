@@ -1,16 +1,21 @@
 // Background processes in a box, through boxd: they live in boxd, so every replica sees the same
-// list, status and output (replayed from any offset, then followed).
+// list, status and output (replayed from any offset, then followed). Output is relayed with
+// backpressure both ways (the sink's promise is awaited before the next frame is read, so a slow
+// caller stops the reads from boxd, and boxd keeps the output in its ring), holding at most what
+// the relay reserved of the replica's byte budget.
 import { BridgeError } from '../../common/errors.js';
 import type { BoxdClient, BoxdExit, BoxdProcess } from '../../common/boxd-client.js';
 import { FRAME, frameJson, readFrames } from '../boxd/frames.js';
 import type { ProcessOutputQuery, StartProcessRequest } from '../schemas.js';
 import type { BoxConnector } from './box-connector.js';
 import { resolvePath } from './box-paths.js';
+import { HOLD_BYTES, type ByteBudget } from './byte-budget.js';
 import type { OutputStream } from './exec.js';
 
 export interface ProcessServiceDeps {
   connector: BoxConnector;
   boxd: BoxdClient;
+  budget: ByteBudget;
   /** Live background processes (and terminals) per box. */
   maxProcessesPerBox: number;
 }
@@ -61,6 +66,15 @@ export class ProcessService {
    * caller goes away. Events carry byte offsets, so a caller can resume where it stopped.
    */
   async output(boxId: string, processId: string, q: ProcessOutputQuery, sink: (e: ProcessEvent) => void | Promise<void>, signal?: AbortSignal) {
+    const hold = this.deps.budget.reserve(HOLD_BYTES.frames, 'output', 'a process output stream');
+    try {
+      await this.relay(boxId, processId, q, sink, signal);
+    } finally {
+      hold.release();
+    }
+  }
+
+  private async relay(boxId: string, processId: string, q: ProcessOutputQuery, sink: (e: ProcessEvent) => void | Promise<void>, signal?: AbortSignal) {
     await this.deps.connector.call(
       boxId,
       async ({ target, signal: boxSignal }) => {

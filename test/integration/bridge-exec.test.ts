@@ -73,6 +73,12 @@ suite('inside a real box, through boxd', () => {
   });
 
   const exec = (command: string, extra: Record<string, unknown> = {}) => call('POST', `/boxes/${box}/exec`, { command, ...extra });
+  /** How many processes of the box carry marker in their arguments, from a `ps` that must itself succeed. */
+  const sleepersOf = async (marker: string): Promise<number> => {
+    const ps = await exec('ps -o pid,args');
+    if (ps.json.exit_code !== 0 || !/^\s*PID\s+COMMAND/m.test(ps.json.stdout)) throw new Error(`ps failed: ${ps.text}`);
+    return ps.json.stdout.split('\n').filter((line: string) => line.includes(marker)).length;
+  };
 
   describe('exec', () => {
     test('runs as uid 65534 in /workspace in the user image, waiting for the box to start', async () => {
@@ -172,14 +178,14 @@ suite('inside a real box, through boxd', () => {
     test('streamed exec: a caller that disconnects kills the command', async () => {
       const marker = `gone-${randomBytes(3).toString('hex')}`;
       const aborter = new AbortController();
-      const stream = client.execStream(box, { command: `echo ready; exec sleep 300 ${marker}` }, { signal: aborter.signal });
+      // The marker is the shell's $0, so `ps` shows it (busybox sleep takes no extra argument).
+      const stream = client.execStream(box, { command: `echo ready; exec sh -c 'sleep 300; echo never' ${marker}` }, { signal: aborter.signal });
       for await (const e of stream) {
         if (e.type === 'stdout' && e.data.includes('ready')) break; // leaving the loop cancels the response
       }
+      expect(await sleepersOf(marker)).toBe(1); // running before the disconnect
       aborter.abort();
-      await waitFor('the command to be killed', async () =>
-        (await exec(`ps -o args | grep -c "[s]leep 300 ${marker}" || true`)).json.stdout.trim() === '0' ? true : undefined,
-      );
+      await waitFor('the command to be killed', async () => ((await sleepersOf(marker)) === 0 ? true : undefined), { timeoutMs: 10_000 });
     });
   });
 
@@ -286,7 +292,12 @@ suite('inside a real box, through boxd', () => {
         'content-type': 'application/x-tar',
       });
       expect(res.status).toBe(400);
-      expect((await exec(`ls ${dir} 2>&1; ls /workspace/escaped.txt /workspace/abs.txt 2>&1 | grep -v 'No such' || true`)).json.stdout).toMatch(/No such file/);
+      // Nothing of the archive anywhere: not the target, not where its entries point. Each path
+      // is tested on its own (a symlink too), and the shell must get to the end to say so.
+      const check = await exec(
+        `for p in ${dir} /workspace/escaped.txt /workspace/abs.txt /workspace/${dir}/fine.txt; do if [ -e "$p" ] || [ -L "$p" ]; then echo "exists: $p"; fi; done; echo checked`,
+      );
+      expect(check.json).toMatchObject({ exit_code: 0, stdout: 'checked\n' });
     });
 
     test('an archive over the size limit is a 413', async () => {
