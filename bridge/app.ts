@@ -77,6 +77,12 @@ export function createApp(deps: AppDeps): Express {
   app.use((req, res, next) => {
     const end = deps.metrics.httpDuration.startTimer();
     res.on('finish', () => {
+      // An upload answered before it was read to its end (boxd refused it before its body was
+      // sent: a limit, a fence) is drained, so the client is never left blocked mid-upload.
+      if (!req.complete) {
+        req.unpipe();
+        req.resume();
+      }
       const route = req.route?.path ? `${req.baseUrl}${req.route.path}` : 'unmatched';
       end({ method: req.method, route, status: String(res.statusCode) });
       const token = requestToken(res);

@@ -387,9 +387,9 @@ export class BoxdClient {
       });
       if (!stream) req.end(payload);
       else {
+        stream.on('error', (err) => req.destroy(err));
         req.once('continue', () => {
           continued = true;
-          stream.on('error', (err) => req.destroy(err));
           stream.pipe(req);
         });
       }

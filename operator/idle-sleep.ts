@@ -33,6 +33,8 @@ const SNAPSHOT_MARGIN_MS = 3600 * 1000;
 /** After a failed sleep: 1 min, doubling, at most 1 h. */
 const BACKOFF_MIN_MS = 60_000;
 const BACKOFF_MAX_MS = 3600_000;
+/** How long a Failed box without an expiry of its own is kept (its status readable) before the reaper takes it. */
+const FAILED_KEPT_MS = 3600_000;
 /** How often the pod's guarded delete is tried again when only the kubelet changed the pod meanwhile. */
 const DELETE_ATTEMPTS = 5;
 
@@ -94,31 +96,19 @@ export class IdleSleepReconciler {
     const [ns, boxId] = key.split('/') as [string, string];
     const pool = this.o.poolOf(ns);
     const record = this.o.secrets.get(boxId, ns);
-    if (!pool || !record || record.metadata?.deletionTimestamp || record.metadata?.labels?.[LABELS.component] !== SECRET_COMPONENTS.record) {
-      this.backoff.delete(key);
-      return {};
-    }
-    const now = this.now();
-    const state = stateOf(record);
-    if (state === 'pending' || state === 'waking') {
-      // Someone is at work on it; once its lease runs out, it is resumed here.
-      const expiry = leaseExpiry(record) ?? 0;
-      if (expiry > now) return { requeueAfterMs: expiry - now + 250 };
-      return this.resume(pool, record, state);
-    }
-    if (state) return {}; // asleep (waking is the bridge's) or failed: nothing to do
-    const after = pool.spec.idle.sleepAfterSeconds * 1000;
-    if (after <= 0) return {};
     const pod = this.pod(key, ns, boxId);
-    if (!pod || pod.metadata?.deletionTimestamp || pod.status?.phase !== 'Running' || !pod.status.podIP) return {};
-    const expiresAt = Date.parse(pod.metadata?.annotations?.[ANNOTATIONS.expiresAt] ?? '');
-    // A box expiring within the idle time is left to the reaper.
-    if (Number.isFinite(expiresAt) && expiresAt - now <= after) return {};
-    const idle = now - lastActive(pod);
-    if (idle < after) return { requeueAfterMs: after - idle + 100 };
-    const retry = this.backoff.get(key);
-    if (retry && retry.at > now) return { requeueAfterMs: retry.at - now };
-    return this.sleep(key, pool, record, pod);
+    const step = planIdle({ pool, record, pod, now: this.now(), retryAt: this.backoff.get(key)?.at });
+    switch (step.action) {
+      case 'forget':
+        this.backoff.delete(key);
+        return {};
+      case 'wait':
+        return step.ms === undefined ? {} : { requeueAfterMs: step.ms };
+      case 'resume':
+        return this.resume(pool!, record!, step.state);
+      case 'sleep':
+        return this.sleep(key, pool!, record!, pod!);
+    }
   }
 
   // ---- Running -> SleepPending -> Sleeping (or back to Running) ----
@@ -277,21 +267,23 @@ export class IdleSleepReconciler {
     let outcome = 'error';
     try {
       const pod = await this.livePod(key, ns, boxId);
-      if (state === 'waking') {
-        // Its waker died: what it made may be half restored. The next call wakes the box anew.
-        if (pod) await this.deletePod(ns, pod);
-        await this.leasesOf(ns).release(held, 'asleep');
-        outcome = 'asleep';
-      } else if (pod && !(await this.touch(pod))?.metadata?.deletionTimestamp) {
-        // Its sleeper died with the pod still there. Writing the pod (above) makes a late delete
-        // of the sleeper's fail; then the fence (any epoch up to ours) comes down: it runs on.
-        await this.unfence(this.target(pod), held.lease.epoch);
-        const stale = held.record.metadata?.annotations?.[ANNOTATIONS.sleepSnapshot];
-        if (stale) await this.discard(pool, stale);
+      // A waker that stopped may have left a half-restored pod; the next call wakes the box anew.
+      if (state === 'waking' && pod) await this.deletePod(ns, pod);
+      // A sleeper that stopped with the pod still there: writing the pod makes a late delete of
+      // the sleeper's fail (its resourceVersion moved on).
+      const alive = state === 'pending' && pod !== undefined && !(await this.touch(pod))?.metadata?.deletionTimestamp;
+      const named = held.record.metadata?.annotations?.[ANNOTATIONS.sleepSnapshot];
+      const stored = state === 'pending' && !alive && named !== undefined && sleptBoxOf(held.record) !== undefined && (await this.snapshotStored(pool, named));
+      outcome = resumeOutcome(state, alive, stored);
+      if (outcome === 'running') {
+        // The fence (any epoch up to ours) comes down; a snapshot it took is no one's.
+        await this.unfence(this.target(pod!), held.lease.epoch);
+        if (named) await this.discard(pool, named);
         await this.leasesOf(ns).release(held, null, CLEAR_SLEEP);
-        outcome = 'running';
+      } else if (outcome === 'asleep') {
+        await this.leasesOf(ns).release(held, 'asleep');
       } else {
-        outcome = await this.resumeGone(pool, held);
+        await this.fail(pool, held, 'its pod was lost while it was being put to sleep, before its snapshot was stored');
       }
       log.info({ outcome }, 'resumed a box whose lease had expired');
       return {};
@@ -300,22 +292,13 @@ export class IdleSleepReconciler {
     }
   }
 
-  /** A sleep whose pod is gone: Sleeping if its snapshot was named and stored, otherwise Failed. */
-  private async resumeGone(pool: SandboxPool, held: Held): Promise<'asleep' | 'failed'> {
-    const ns = pool.spec.namespace;
-    const named = held.record.metadata?.annotations?.[ANNOTATIONS.sleepSnapshot];
-    if (named && sleptBoxOf(held.record) && (await this.snapshotStored(pool, named))) {
-      await this.leasesOf(ns).release(held, 'asleep');
-      return 'asleep';
-    }
-    await this.fail(pool, held, 'its pod was lost while it was being put to sleep, before its snapshot was stored');
-    return 'failed';
-  }
-
   /** Failed: the record says why; its seat goes back to the pool at once; an Event says so. */
   private async fail(pool: SandboxPool, held: Held, reason: string): Promise<void> {
     const ns = pool.spec.namespace;
-    const released = await this.leasesOf(ns).release(held, 'failed', { annotations: { [ANNOTATIONS.failure]: reason } });
+    // A Failed box is reaped at its expiry like a sleeping one; one that never got that far
+    // (its sleep had not named a snapshot) is kept an hour for its status to be seen.
+    const expires = held.record.metadata?.annotations?.[ANNOTATIONS.expiresAt] ?? new Date(this.now() + FAILED_KEPT_MS).toISOString();
+    const released = await this.leasesOf(ns).release(held, 'failed', { annotations: { [ANNOTATIONS.failure]: reason, [ANNOTATIONS.expiresAt]: expires } });
     if (!released) return;
     const seat = sleptBoxOf(released)?.seat;
     if (seat !== undefined) await this.freeSeat(ns, seat, released.metadata!.uid!);
@@ -433,6 +416,51 @@ export class IdleSleepReconciler {
     if (!l) this.leases.set(ns, (l = new BoxLeases({ records: this.recordsOf(ns), identity: this.o.identity, durationMs: this.o.leaseMs, now: this.now })));
     return l;
   }
+}
+
+export type IdleStep =
+  | { action: 'forget' }
+  | { action: 'wait'; ms?: number }
+  | { action: 'resume'; state: 'pending' | 'waking' }
+  | { action: 'sleep' };
+
+/**
+ * What the reconcile of one box does now (docs/lifecycle.md, transitions 2 and 11), from what the
+ * caches show: nothing (`wait`, and when to look again), put it to sleep, or resume a lease whose
+ * holder stopped. Pure.
+ */
+export function planIdle(i: { pool: SandboxPool | undefined; record: k8s.V1Secret | undefined; pod: k8s.V1Pod | undefined; now: number; retryAt?: number | undefined }): IdleStep {
+  const { pool, record, pod, now } = i;
+  if (!pool || !record || record.metadata?.deletionTimestamp || record.metadata?.labels?.[LABELS.component] !== SECRET_COMPONENTS.record) return { action: 'forget' };
+  const state = stateOf(record);
+  if (state === 'pending' || state === 'waking') {
+    // Someone is at work on it; once its lease runs out, it is resumed here.
+    const expiry = leaseExpiry(record) ?? 0;
+    return expiry > now ? { action: 'wait', ms: expiry - now + 250 } : { action: 'resume', state };
+  }
+  if (state) return { action: 'wait' }; // asleep (waking is the bridge's) or failed
+  const after = pool.spec.idle.sleepAfterSeconds * 1000;
+  if (after <= 0) return { action: 'wait' };
+  // A pod still starting, or going: its events bring the box back here.
+  if (!pod || pod.metadata?.deletionTimestamp || pod.status?.phase !== 'Running' || !pod.status.podIP) return { action: 'wait' };
+  const expiresAt = Date.parse(pod.metadata?.annotations?.[ANNOTATIONS.expiresAt] ?? '');
+  // A box expiring within the idle time is left to the reaper.
+  if (Number.isFinite(expiresAt) && expiresAt - now <= after) return { action: 'wait' };
+  const idle = now - lastActive(pod);
+  if (idle < after) return { action: 'wait', ms: after - idle + 100 };
+  if (i.retryAt !== undefined && i.retryAt > now) return { action: 'wait', ms: i.retryAt - now };
+  return { action: 'sleep' };
+}
+
+/**
+ * Where a box whose sleep's holder stopped ends up (transition 11): its pod still there -> Running
+ * (the sleep undone); gone with its snapshot named and stored -> Sleeping; gone without -> Failed.
+ * A wake's holder that stopped -> Sleeping again (its half-made pod deleted). Pure.
+ */
+export function resumeOutcome(state: 'pending' | 'waking', podAlive: boolean, snapshotStored: boolean): 'running' | 'asleep' | 'failed' {
+  if (state === 'waking') return 'asleep';
+  if (podAlive) return 'running';
+  return snapshotStored ? 'asleep' : 'failed';
 }
 
 /** What a sleep leaves on the record that a box back to Running must not keep. */

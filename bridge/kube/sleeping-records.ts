@@ -1,13 +1,12 @@
-// Box records that idle sleep is at work on (label sandbox-bridge.io/sleep: pending, asleep or
-// waking), from a watch cache: every call asks it whether its box needs waking first, without an
-// API round trip. Only records carrying the label are watched, and their data (env, credential)
-// is dropped from the cache: it holds metadata, never secrets.
-import * as k8s from '@kubernetes/client-node';
+// Box records in a state beyond Running (label sandbox-bridge.io/sleep: pending, asleep, waking
+// or failed; docs/lifecycle.md), from a watch cache: every call asks it whether its box needs
+// waking first, without an API round trip. Only records carrying the label are watched, and only
+// their metadata (PartialObjectMetadata): the env and credential a record holds never reach this
+// process through the watch, so its memory does not grow with env sizes.
+import type * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { ResilientInformer, listPaged, slimMetadata } from '../../common/informer.js';
+import { ResilientInformer, slimMetadata } from '../../common/informer.js';
 import { LABELS } from '../../common/labels.js';
-
-export type SleepState = 'pending' | 'asleep' | 'waking';
 
 export const SLEEPING_SELECTOR = LABELS.sleep;
 
@@ -28,13 +27,12 @@ export class SleepingRecords implements SleepingReader {
     private readonly namespace: string,
     log: Logger,
   ) {
-    const core = kc.makeApiClient(k8s.CoreV1Api);
     this.informer = new ResilientInformer<k8s.V1Secret>({
       kc,
       path: `/api/v1/namespaces/${namespace}/secrets`,
       labelSelector: SLEEPING_SELECTOR,
       log,
-      list: () => listPaged((page) => core.listNamespacedSecret({ namespace, labelSelector: SLEEPING_SELECTOR, ...page }), trimSecret),
+      metadataOnly: { trim: trimSecret, timeoutMs: 60_000 },
     });
     this.informer.on('add', trimSecret);
     this.informer.on('update', trimSecret);
@@ -60,11 +58,6 @@ export class SleepingRecords implements SleepingReader {
   list(): readonly k8s.V1Secret[] {
     return this.informer.list(this.namespace);
   }
-}
-
-export function sleepStateOf(record: k8s.V1Secret | undefined): SleepState | undefined {
-  const v = record?.metadata?.labels?.[LABELS.sleep];
-  return v === 'pending' || v === 'asleep' || v === 'waking' ? v : undefined;
 }
 
 function trimSecret(secret: k8s.V1Secret): void {

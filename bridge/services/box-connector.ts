@@ -8,8 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import type { BoxLeases} from '../../common/box-lease.js';
-import { LeaseKeeper, leaseExpired, stateOf, type Held } from '../../common/box-lease.js';
+import { LeaseKeeper, leaseExpired, stateOf, type BoxLeases, type BoxState, type Held } from '../../common/box-lease.js';
 import { shapeOfSlept, sleptBoxOf, type SessionBox } from '../../common/box-pod.js';
 import { envOf, type BoxRecords } from '../../common/box-records.js';
 import { BOXD_NONCE_ANNOTATION, BOXD_VERSION_ANNOTATION, boxdToken, newNonce } from '../../common/boxd.js';
@@ -100,15 +99,18 @@ export class BoxConnector {
   async call<T>(boxId: string, fn: (call: BoxCall) => Promise<T>, signal?: AbortSignal): Promise<T> {
     const mayWake = wakePermission.getStore() ?? true;
     const wake = async (record: k8s.V1Secret | undefined) => {
-      if (stateOf(record) === 'failed') throw failed(boxId, record);
-      if (!mayWake) throw new BridgeError('conflict', `box ${boxId} is sleeping; a call with a boxes:write token wakes it (reads never do)`);
-      await this.awaken(boxId, signal);
+      const step = podlessStep(stateOf(record), mayWake);
+      if (step === 'failed') throw failed(boxId, record);
+      if (step === 'refuse') throw new BridgeError('conflict', `box ${boxId} is sleeping; a call with a boxes:write token wakes it (reads never do)`);
+      if (step === 'wait') await this.waitWhilePending(boxId, signal); // a sleep about to finish
+      else await this.awaken(boxId, signal);
     };
     /** The pod a round found gone: the next round waits for it to come back for a while first. */
     let lost: string | undefined;
     for (let round = 0; ; round++) {
       const where = await this.deps.boxes.locate(boxId);
       if (!where.pod) {
+        if (round >= MAX_ROUNDS) throw new BridgeError('cluster_unavailable', `box ${boxId} keeps changing state; retry`, { headers: { 'Retry-After': '1' } });
         await wake(where.record);
         continue;
       }
@@ -127,10 +129,10 @@ export class BoxConnector {
         // Its boxd is gone. A sleep may have taken the pod while this replica's watch lags: the
         // record says (one API read); otherwise the pod is given a while to come back.
         const record = await this.deps.records.read(boxId);
-        const state = stateOf(record);
-        if (state === 'asleep' || state === 'waking' || state === 'failed') await wake(record);
-        else if (state === 'pending') await this.waitWhilePending(boxId, signal);
-        else if (lost === pod.metadata!.uid) throw err.answer;
+        const next = goneStep(stateOf(record), lost === pod.metadata!.uid);
+        if (next === 'fail') throw err.answer;
+        if (next === 'wake') await wake(record);
+        else if (next === 'wait') await this.waitWhilePending(boxId, signal);
         lost = pod.metadata!.uid;
       }
     }
@@ -487,6 +489,27 @@ export class BoxConnector {
         if (!(err instanceof BridgeError && (err.type === 'not_found' || err.type === 'conflict'))) throw err;
       });
   }
+}
+
+/**
+ * A call to a box without a pod (docs/lifecycle.md): Failed is final; only a call that may wake
+ * a box wakes it (or waits for a sleep about to finish); any other is refused. Pure.
+ */
+export function podlessStep(state: BoxState | undefined, mayWake: boolean): 'failed' | 'refuse' | 'wait' | 'wake' {
+  if (state === 'failed') return 'failed';
+  if (!mayWake) return 'refuse';
+  return state === 'pending' ? 'wait' : 'wake';
+}
+
+/**
+ * A call whose pod's boxd stopped accepting connections, by what the box's record says: a sleep
+ * took the pod (this replica's watch lags) -> wake it or wait for the sleep; a plain running box
+ * -> give its boxd a while to come back once, then fail. Pure.
+ */
+export function goneStep(state: BoxState | undefined, lostBefore: boolean): 'wake' | 'wait' | 'retry' | 'fail' {
+  if (state === 'asleep' || state === 'waking' || state === 'failed') return 'wake';
+  if (state === 'pending') return 'wait';
+  return lostBefore ? 'fail' : 'retry';
 }
 
 /** What a sleep leaves on the record that a box back to Running must not keep. */

@@ -120,15 +120,24 @@ export class BoxService {
       // A cold pod would be named after the box; its credential goes into the record now, so
       // the kubelet finds the Secret it mounts complete from the start.
       const nonce = newNonce();
-      const record = await this.deps.records.create({
-        boxId,
-        poolName: policy.poolName,
-        sessionId: req.sessionId,
-        slot,
-        token: boxdToken(this.deps.boxdKey, this.deps.namespace, boxId, nonce),
-        env: req.env ?? {},
-        idempotencyKey: keyDigest,
-      });
+      const take = () =>
+        this.deps.records.create({
+          boxId,
+          poolName: policy.poolName,
+          sessionId: req.sessionId,
+          slot,
+          token: boxdToken(this.deps.boxdKey, this.deps.namespace, boxId, nonce),
+          env: req.env ?? {},
+          idempotencyKey: keyDigest,
+        });
+      let record = await take();
+      const failed = record ? undefined : this.deps.sleeping?.get(boxId);
+      if (failed && stateOf(failed) === 'failed') {
+        // A Failed box (its workspace lost) gives its slot to a new box of the session.
+        await this.deps.records.delete(boxId, failed.metadata!.uid!);
+        this.remember(failed.metadata!.uid!);
+        record = await take();
+      }
       if (!record) {
         // The same key racing through another replica lands on the same slot first.
         const winner = keyDigest ? (cache.get(boxId) ?? (await this.readPod(boxId))) : undefined;
@@ -332,6 +341,8 @@ export class BoxService {
     if (state && state !== 'pending') return { record };
     const pod = (await this.deps.cache.waitForBox(id, WATCH_WAIT_MS)) ?? (await this.readPod(id));
     if (pod && !this.isDeleting(pod) && pod.metadata?.labels?.[LABELS.boxId] === id) return { pod };
+    // A sleep between its pod's delete and its record marked asleep: podless for a moment.
+    if (state === 'pending') return { record };
     throw new BridgeError('cluster_unavailable', `box ${id} exists but its pod is not visible yet; retry`, { headers: { 'Retry-After': '1' } });
   }
 

@@ -24,7 +24,7 @@ const BRIDGE_NAMESPACED_RULES = [
 ];
 /** The operator's calls in each pool namespace (operator/controller.ts, pool-reconciler.ts, events). */
 const OPERATOR_NAMESPACED_RULES = [
-  { apiGroups: [''], resources: ['pods', 'secrets'], verbs: ['list', 'watch', 'delete', 'create'] },
+  { apiGroups: [''], resources: ['pods', 'secrets'], verbs: ['get', 'list', 'watch', 'delete', 'create', 'patch'] },
   { apiGroups: [''], resources: ['resourcequotas', 'limitranges'], verbs: ['get', 'list', 'watch', 'create', 'patch'] },
   { apiGroups: ['networking.k8s.io'], resources: ['networkpolicies'], verbs: ['get', 'list', 'watch', 'create', 'patch'] },
   { apiGroups: [''], resources: ['events'], verbs: ['create', 'patch'] },
@@ -242,7 +242,10 @@ describe('object store and warm boxes', () => {
     }
     const bridge = out.one('Deployment', BRIDGE);
     expect(env(bridge).SNAPSHOT_ENCRYPTION_KEY_FILE).toBe('/var/run/secrets/sandbox-bridge-snapshots/key');
-    expect(env(out.one('Deployment', OPERATOR)).SNAPSHOT_ENCRYPTION_KEY_FILE).toBeUndefined(); // the operator never opens a snapshot
+    // The operator seals a sleeping box's env into its idle-sleep snapshot (docs/lifecycle.md): the same key, mounted.
+    expect(env(out.one('Deployment', OPERATOR)).SNAPSHOT_ENCRYPTION_KEY_FILE).toBe('/var/run/secrets/sandbox-bridge-snapshots/key');
+    const opVolume = out.one('Deployment', OPERATOR).spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'snapshot-key');
+    expect(opVolume.secret).toMatchObject({ secretName: 'rel-sandbox-bridge-snapshot-key', items: [{ key: 'key', path: 'key' }] });
     const volume = bridge.spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'snapshot-key');
     expect(volume.secret).toMatchObject({ secretName: 'rel-sandbox-bridge-snapshot-key', items: [{ key: 'key', path: 'key' }] });
     expect(Buffer.from(out.one('Secret', 'rel-sandbox-bridge-snapshot-key').data.key, 'base64').toString()).toMatch(/^[A-Za-z0-9]{64}$/);
@@ -676,12 +679,13 @@ describe('pods and security', () => {
     expect(template({ secret: { token: TOKEN }, pool: { create: false } }).all('SandboxPool')).toHaveLength(0);
   });
 
-  test('the default SandboxPool admits only this release\'s bridge pods and carries the egress defaults of common/pool.ts', () => {
+  test('the default SandboxPool admits only this release\'s bridge and operator pods and carries the egress defaults of common/pool.ts', () => {
     const out = template({ secret: { token: TOKEN } });
     const pool = out.one('SandboxPool', 'default');
     expect(pool.spec.bridge).toEqual({
       namespace: 'bridge-ns',
       podLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/instance': 'rel', 'app.kubernetes.io/component': 'bridge' },
+      operatorPodLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/instance': 'rel', 'app.kubernetes.io/component': 'operator' },
     });
     // The bridge Deployment's pods carry those labels.
     const podLabels = out.one('Deployment', BRIDGE).spec.template.metadata.labels;

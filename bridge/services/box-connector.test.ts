@@ -1,0 +1,33 @@
+import { goneStep, podlessStep } from './box-connector.js';
+
+describe('a call to a box without a pod (docs/lifecycle.md)', () => {
+  test('Sleeping -> Waking only for a call that may wake it (boxes:write)', () => {
+    expect(podlessStep('asleep', true)).toBe('wake');
+    expect(podlessStep('asleep', false)).toBe('refuse');
+  });
+  test('Waking: a wake under way is joined (or taken over once its lease runs out) by waking', () => {
+    expect(podlessStep('waking', true)).toBe('wake');
+    expect(podlessStep('waking', false)).toBe('refuse');
+  });
+  test('a sleep about to finish (its pod gone, its record not yet asleep) is waited for', () => {
+    expect(podlessStep('pending', true)).toBe('wait');
+    expect(podlessStep('pending', false)).toBe('refuse');
+  });
+  test('Failed is final, whoever asks', () => {
+    expect(podlessStep('failed', true)).toBe('failed');
+    expect(podlessStep('failed', false)).toBe('failed');
+  });
+});
+
+describe('a call whose boxd stopped accepting connections', () => {
+  test('a sleep took the pod while this replica\'s watch lagged: wake the box (or wait for the sleep)', () => {
+    expect(goneStep('asleep', false)).toBe('wake');
+    expect(goneStep('waking', true)).toBe('wake');
+    expect(goneStep('failed', false)).toBe('wake'); // answered as Failed by the wake step
+    expect(goneStep('pending', false)).toBe('wait');
+  });
+  test('a plain running box: its boxd gets one while to come back, then the call fails', () => {
+    expect(goneStep(undefined, false)).toBe('retry');
+    expect(goneStep(undefined, true)).toBe('fail');
+  });
+});
