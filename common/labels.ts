@@ -52,7 +52,7 @@ export const ANNOTATIONS = {
   lease: `${API_GROUP}/lease`,
   /** On a record: the newest lease epoch it had (boxd's fence is raised and lifted with it). */
   epoch: `${API_GROUP}/epoch`,
-  /** On a sleeping box's record: the shape its pod is made again with (JSON, bridge/box-pod.ts SleptBox). */
+  /** On a sleeping box's record: the shape its pod is made again with (JSON, common/box-pod.ts SleptBox). */
   sleepBox: `${API_GROUP}/sleep-box`,
   /** On a Failed box's record: why. */
   failure: `${API_GROUP}/failure`,

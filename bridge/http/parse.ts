@@ -12,7 +12,7 @@ export function parse<S extends z.ZodType>(schema: S, value: unknown): z.infer<S
 }
 
 /** The :id route parameter. */
-export const boxIdOf = (req: Request) => String(req.params.id);
+export const boxIdParam = (req: Request) => String(req.params.id);
 
 /** Content-Length of a request, when the caller sent one. */
 export function contentLength(req: Request): number | undefined {

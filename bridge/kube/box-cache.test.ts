@@ -1,6 +1,6 @@
 // trimPod keeps everything the bridge reads from a cached box (pure logic on pod objects).
 import type * as k8s from '@kubernetes/client-node';
-import { boxState, boxStatus, sandboxSummary } from '../box-pod.js';
+import { boxState, boxStatus, sandboxSummary } from '../box-view.js';
 import { BoxStartTimeoutError, trimPod } from './box-cache.js';
 
 function fullPod(overrides: { waiting?: boolean; deleting?: boolean } = {}): k8s.V1Pod {

@@ -6,7 +6,7 @@ import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import { ResilientInformer, listPaged, slimMetadata } from '../../common/informer.js';
 import { ANNOTATIONS, BOX_SELECTOR, LABELS } from '../../common/labels.js';
-import { boxState } from '../box-pod.js';
+import { boxState } from '../box-view.js';
 
 export interface BoxReader {
   /** The pod serving a box, by box id. */

@@ -6,7 +6,7 @@ import { CreateBoxRequest, DeleteBoxQuery, IDEMPOTENCY_KEY, SetEnvRequest } from
 import type { BoxService } from '../services/boxes.js';
 import type { EnvService } from '../services/env.js';
 import type { SnapshotService } from '../services/snapshots.js';
-import { boxIdOf, parse } from '../http/parse.js';
+import { boxIdParam, parse } from '../http/parse.js';
 
 export function boxRoutes(deps: { boxes: BoxService; env: EnvService; snapshots: SnapshotService }): Router {
   const { boxes, env, snapshots } = deps;
@@ -21,17 +21,17 @@ export function boxRoutes(deps: { boxes: BoxService; env: EnvService; snapshots:
   });
 
   router.get('/:id/status', async (req, res) => {
-    res.json(await boxes.status(boxIdOf(req)));
+    res.json(await boxes.status(boxIdParam(req)));
   });
 
   router.delete('/:id', async (req, res) => {
     const { snapshot } = parse(DeleteBoxQuery, req.query);
-    res.json((snapshot ?? snapshots.snapshotOnDelete()) ? await snapshots.deleteWithSnapshot(boxIdOf(req)) : await boxes.delete(boxIdOf(req)));
+    res.json((snapshot ?? snapshots.snapshotOnDelete()) ? await snapshots.deleteWithSnapshot(boxIdParam(req)) : await boxes.delete(boxIdParam(req)));
   });
 
   router.post('/:id/env', json, async (req, res) => {
     const { envVars } = parse(SetEnvRequest, req.body ?? {});
-    res.json(await env.merge(boxIdOf(req), envVars));
+    res.json(await env.merge(boxIdParam(req), envVars));
   });
 
   return router;

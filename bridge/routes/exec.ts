@@ -7,7 +7,7 @@ import type { ExecService } from '../services/exec.js';
 import type { ProcessService } from '../services/processes.js';
 import { JsonBytes, sendJson } from '../http/json-stream.js';
 import { Utf8Chunks, callerSignal, ndjsonStream, wantsNdjson, writeOutput } from '../http/ndjson.js';
-import { boxIdOf, parse } from '../http/parse.js';
+import { boxIdParam, parse } from '../http/parse.js';
 
 export function execRoutes(deps: { exec: ExecService; processes: ProcessService }): Router {
   const { exec, processes } = deps;
@@ -20,7 +20,7 @@ export function execRoutes(deps: { exec: ExecService; processes: ProcessService 
     const body = parse(ExecRequest, req.body ?? {});
     if (!wantsNdjson(req)) {
       const signal = callerSignal(res);
-      const answer = await exec.run(boxIdOf(req), body, signal);
+      const answer = await exec.run(boxIdParam(req), body, signal);
       try {
         await sendJson(
           res,
@@ -44,7 +44,7 @@ export function execRoutes(deps: { exec: ExecService; processes: ProcessService 
     const out = ndjsonStream(res);
     const text = new Utf8Chunks();
     try {
-      const exit = await exec.stream(boxIdOf(req), body, (stream, data) => writeOutput(out, text, stream, data), {
+      const exit = await exec.stream(boxIdParam(req), body, (stream, data) => writeOutput(out, text, stream, data), {
         signal: out.signal,
         onStart: out.open,
       });
@@ -63,15 +63,15 @@ export function execRoutes(deps: { exec: ExecService; processes: ProcessService 
   });
 
   router.post('/:id/processes', json, async (req, res) => {
-    res.status(201).json(await processes.start(boxIdOf(req), parse(StartProcessRequest, req.body ?? {})));
+    res.status(201).json(await processes.start(boxIdParam(req), parse(StartProcessRequest, req.body ?? {})));
   });
 
   router.get('/:id/processes', async (req, res) => {
-    res.json(await processes.list(boxIdOf(req)));
+    res.json(await processes.list(boxIdParam(req)));
   });
 
   router.get('/:id/processes/:pid', async (req, res) => {
-    res.json(await processes.get(boxIdOf(req), processId(req)));
+    res.json(await processes.get(boxIdParam(req), processId(req)));
   });
 
   router.get('/:id/processes/:pid/output', async (req, res) => {
@@ -80,7 +80,7 @@ export function execRoutes(deps: { exec: ExecService; processes: ProcessService 
     const text = new Utf8Chunks();
     try {
       await processes.output(
-        boxIdOf(req),
+        boxIdParam(req),
         processId(req),
         query,
         (e) => {
@@ -99,12 +99,12 @@ export function execRoutes(deps: { exec: ExecService; processes: ProcessService 
   router.post('/:id/processes/:pid/stdin', raw, async (req, res) => {
     const { eof } = parse(StdinQuery, req.query);
     const data = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0);
-    res.json(await processes.stdin(boxIdOf(req), processId(req), data, eof));
+    res.json(await processes.stdin(boxIdParam(req), processId(req), data, eof));
   });
 
   router.post('/:id/processes/:pid/signal', json, async (req, res) => {
     const { signal } = parse(SignalRequest, req.body ?? {});
-    res.json(await processes.signal(boxIdOf(req), processId(req), signal));
+    res.json(await processes.signal(boxIdParam(req), processId(req), signal));
   });
 
   return router;

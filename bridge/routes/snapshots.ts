@@ -3,7 +3,7 @@
 import express, { Router } from 'express';
 import { CreateSnapshotRequest, SnapshotParams, SnapshotsQuery } from '../schemas.js';
 import type { SnapshotService } from '../services/snapshots.js';
-import { boxIdOf, parse } from '../http/parse.js';
+import { boxIdParam, parse } from '../http/parse.js';
 
 export function snapshotRoutes(deps: { snapshots: SnapshotService }): Router {
   const { snapshots } = deps;
@@ -11,7 +11,7 @@ export function snapshotRoutes(deps: { snapshots: SnapshotService }): Router {
   const json = express.json({ limit: '1mb', strict: true });
 
   router.post('/boxes/:id/snapshots', json, async (req, res) => {
-    res.status(201).json(await snapshots.create(boxIdOf(req), parse(CreateSnapshotRequest, req.body ?? {})));
+    res.status(201).json(await snapshots.create(boxIdParam(req), parse(CreateSnapshotRequest, req.body ?? {})));
   });
 
   router.get('/snapshots', async (req, res) => {

@@ -17,7 +17,7 @@ import { BridgeError } from '../../common/errors.js';
 import { buildEvent } from '../../common/events.js';
 import type { KubeCall } from '../../common/kube.js';
 import { ANNOTATIONS, LABELS, seatName } from '../../common/labels.js';
-import { boxIdOf } from '../box-pod.js';
+import { boxIdOf } from '../box-view.js';
 import { BoxGoneError, BoxStartTimeoutError, trimPod, type BoxReader } from '../kube/box-cache.js';
 import type { PolicySource } from '../kube/policy.js';
 import type { BoxService, CreatePath } from './boxes.js';

@@ -2,7 +2,7 @@
 // are refused; the result is absolute and normalized (boxd only accepts such paths).
 import { posix } from 'node:path';
 import { BridgeError } from '../../common/errors.js';
-import { WORKSPACE } from '../box-pod.js';
+import { WORKSPACE } from '../box-view.js';
 
 export function resolvePath(path: string, field: string): string {
   if (path.length === 0) throw new BridgeError('invalid_request', `${field} must not be empty`);

@@ -16,7 +16,7 @@ import { LABELS, boxName, sessionHash } from '../../common/labels.js';
 import type { SandboxPoolSpec } from '../../common/pool.js';
 import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js';
 import { stateOf } from '../../common/box-lease.js';
-import { boxIdOf, boxStatus, podlessStatus, sleepingStatus, sleptBoxOf } from '../box-pod.js';
+import { boxIdOf, boxStatus, podlessStatus, sleepingStatus, sleptBoxOf } from '../box-view.js';
 import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxReader } from '../kube/box-cache.js';
 import type { BoxRecords } from '../../common/box-records.js';

@@ -5,7 +5,7 @@ import type { z } from 'zod';
 import { BridgeError } from '../../common/errors.js';
 import { LABELS } from '../../common/labels.js';
 import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js';
-import { boxState, sandboxSummary, sleepingSummary } from '../box-pod.js';
+import { boxState, sandboxSummary, sleepingSummary } from '../box-view.js';
 import type { BoxReader } from '../kube/box-cache.js';
 import type { KubeCall } from '../kube/instrument.js';
 import type { NodeReader } from '../kube/node-cache.js';

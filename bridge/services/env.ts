@@ -4,7 +4,7 @@
 // The record is written first, so a value boxd has was always stored.
 import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxRecords } from '../../common/box-records.js';
-import { boxIdOf } from '../box-pod.js';
+import { boxIdOf } from '../box-view.js';
 import type { BoxConnector } from './box-connector.js';
 
 export class EnvService {

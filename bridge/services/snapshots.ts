@@ -7,7 +7,7 @@ import { sessionHash } from '../../common/labels.js';
 import { parseQuantity } from '../../common/quantity.js';
 import { METADATA_OBJECT, parseSnapshotId, sessionPrefix, snapshotKey, type SnapshotId, type SnapshotMetadata } from '../../common/snapshots.js';
 import { snapshotLimits, takeSnapshot } from '../../common/snapshot-writer.js';
-import { boxStatus } from '../box-pod.js';
+import { boxStatus } from '../box-view.js';
 import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxRecords } from '../../common/box-records.js';
 import type { PolicySource } from '../kube/policy.js';

@@ -1,4 +1,4 @@
-// How a box pod is reported back through the API (the pod spec itself: common/box-pod.ts).
+// How a box is reported back through the API: its status and list line, from its pod or, without one, its record (the pod spec itself: common/box-pod.ts).
 import type { V1Pod, V1Secret } from '@kubernetes/client-node';
 import { stateOf } from '../common/box-lease.js';
 import { BOX_CONTAINER, sleptBoxOf } from '../common/box-pod.js';
