@@ -54,3 +54,10 @@ test('WATCH_NAMESPACES is a comma-separated list of namespace names', () => {
   expect(loadConfig({ WATCH_NAMESPACES: 'sandbox, sandbox-b,,sandbox' }).WATCH_NAMESPACES).toEqual(['sandbox', 'sandbox-b']);
   expect(() => loadConfig({ WATCH_NAMESPACES: 'sandbox,Not_A_Namespace' })).toThrow(/WATCH_NAMESPACES/);
 });
+
+test('node checks: off by default, read hourly; NODE_CHECKS takes only true or false', () => {
+  expect(loadConfig({})).toMatchObject({ NODE_CHECKS: false, NODE_CHECK_INTERVAL_SECONDS: 3600 });
+  expect(loadConfig({ NODE_CHECKS: 'true', NODE_CHECK_INTERVAL_SECONDS: '600' })).toMatchObject({ NODE_CHECKS: true, NODE_CHECK_INTERVAL_SECONDS: 600 });
+  expect(() => loadConfig({ NODE_CHECKS: 'yes' })).toThrow(/NODE_CHECKS/);
+  expect(() => loadConfig({ NODE_CHECK_INTERVAL_SECONDS: '1' })).toThrow(/NODE_CHECK_INTERVAL_SECONDS/);
+});

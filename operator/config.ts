@@ -70,6 +70,13 @@ export const ConfigSchema = z.object({
   SLEEP_WORKERS: positiveInt.max(32).default(2),
   /** How long a box lease (sleep, wake) lives unrenewed before another party may take it over. */
   BOX_LEASE_SECONDS: positiveInt.min(5).max(600).default(30),
+  /**
+   * Box PID limits (operator/node-checks.ts): read the kubelet configuration of each node running
+   * boxes through the API server's node proxy, which needs `get` on nodes/proxy (a powerful
+   * permission, so off by default), and read each again after NODE_CHECK_INTERVAL_SECONDS.
+   */
+  NODE_CHECKS: z.enum(['true', 'false']).default('false').transform((v) => v === 'true'),
+  NODE_CHECK_INTERVAL_SECONDS: positiveInt.min(5).default(3600),
 }).extend(ObjectStoreConfigSchema.shape);
 
 export type OperatorConfig = z.infer<typeof ConfigSchema> & {

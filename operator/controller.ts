@@ -16,6 +16,7 @@ import type { OperatorMetrics } from './metrics.js';
 import { PoolReconciler, SeenBoxes, type Caches, type Lister, type ReconcileResult } from './pool-reconciler.js';
 import { SnapshotRetentionReconciler } from './snapshot-retention.js';
 import { IdleSleepReconciler } from './idle-sleep.js';
+import { NodeChecks } from './node-checks.js';
 import { BoxdClient } from '../common/boxd-client.js';
 import type { EnvSealer } from '../common/env-seal.js';
 import type { ObjectStore } from '../common/object-store.js';
@@ -47,6 +48,8 @@ export interface ControllerOptions {
    * env sealer, a third reconciler puts idle boxes to sleep and resumes abandoned leases.
    */
   sleep?: { sealer: EnvSealer; leaseMs: number; workers: number };
+  /** Box PID limits (operator/node-checks.ts): read each box node's kubelet configuration, or (off) say they are unverified. */
+  nodeChecks?: { enabled: boolean; intervalMs: number };
 }
 
 interface Reconciler {
@@ -67,6 +70,7 @@ export class Controller {
   /** Idle sleep's queue: one key per box, `<namespace>/<box id>`. */
   private sleepQueue: WorkQueue | undefined;
   private readonly health: BoxHealthMonitor;
+  private readonly nodeChecks: NodeChecks;
   private readonly seenBoxes = new SeenBoxes();
   private queue: WorkQueue | undefined;
   /** Snapshot retention's own queue of pool names (one worker: it waits on the store, not the API server). */
@@ -85,6 +89,16 @@ export class Controller {
       ...(o.webhooks ? { webhooks: o.webhooks } : {}),
       stuckPendingMs: o.stuckPendingMs ?? 300_000,
       log: o.log.child({ component: 'box-health' }),
+    });
+    const nodeProxy = makeApiClient(o.kc, k8s.CoreV1Api, 10_000);
+    this.nodeChecks = new NodeChecks({
+      enabled: o.nodeChecks?.enabled ?? false,
+      intervalMs: o.nodeChecks?.intervalMs ?? 3_600_000,
+      readConfigz: (name, signal) => abortable(nodeProxy.connectGetNodeProxyWithPath({ name, path: 'configz' }), signal),
+      poolOf: (pod) => this.poolOf(pod),
+      events,
+      metrics: o.metrics,
+      log: o.log.child({ component: 'node-checks' }),
     });
     const net = makeApiClient(o.kc, k8s.NetworkingV1Api, LIST_TIMEOUT_MS);
     const custom = makeApiClient(o.kc, k8s.CustomObjectsApi, LIST_TIMEOUT_MS);
@@ -176,8 +190,10 @@ export class Controller {
         this.retentionQueue?.add(pool.metadata.name);
       });
       this.pods.on(event, (pod) => {
-        if (event === 'delete') this.health.forget(pod);
-        else slim(this.observed(pod));
+        if (event === 'delete') {
+          this.health.forget(pod);
+          this.nodeChecks.forgetPod(pod);
+        } else slim(this.observed(pod));
         this.enqueueNamespace(pod.metadata?.namespace);
         this.sleeper?.observePod(pod, event === 'delete');
         const key = this.sleeper?.keyOf(pod, 'Pod');
@@ -301,6 +317,7 @@ export class Controller {
         for (let i = 0; i < (this.o.sleep?.workers ?? 2); i++) this.running.push(this.work(sleepQueue, this.sleeper));
       }
       this.health.startLeading();
+      this.nodeChecks.startLeading();
       this.log.info({ workers }, 'workers started');
     });
   }
@@ -311,6 +328,7 @@ export class Controller {
     if (!queue) return;
     this.queue = undefined;
     this.health.stopLeading();
+    this.nodeChecks.stopLeading();
     queue.shutDown();
     this.retentionQueue?.shutDown();
     this.retentionQueue = undefined;
@@ -355,6 +373,7 @@ export class Controller {
 
   private observed(pod: k8s.V1Pod): k8s.V1Pod {
     this.health.observe(pod);
+    this.nodeChecks.observePod(pod);
     return pod;
   }
 
@@ -372,6 +391,16 @@ export class Controller {
     if (secret.metadata?.labels?.[LABELS.component] !== SECRET_COMPONENTS.record) return;
     if (ns && this.pools.list().some((p) => p.spec?.namespace === ns)) this.seenBoxes.note(secret);
   }
+}
+
+/** `call`, or its abort when `signal` fires first. */
+function abortable<T>(call: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason as Error);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason as Error);
+    signal.addEventListener('abort', onAbort, { once: true });
+    call.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+  });
 }
 
 /** The watch path of `resource` across namespaces: `pods` (core) or `/apis/<group>/<version>/<plural>`. */

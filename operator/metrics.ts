@@ -91,6 +91,12 @@ export function createOperatorMetrics(registry = new Registry()) {
       labelNames: ['state', 'outcome'] as const,
       registers: [registry],
     }),
+    nodePodPidsLimit: new Gauge({
+      name: 'sandbox_operator_node_pod_pids_limit',
+      help: 'Per node running boxes: the most PIDs a pod may have there (the kubelet\'s podPidsLimit); 0: no limit; -1: unknown (NODE_CHECKS off, or the node\'s kubelet configuration could not be read). Exported by the leader.',
+      labelNames: ['node'] as const,
+      registers: [registry],
+    }),
     boxesFailed: new Counter({
       name: 'sandbox_operator_boxes_failed_total',
       help: 'Boxes that became Failed (lost their workspace), by reason.',

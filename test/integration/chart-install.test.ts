@@ -66,10 +66,18 @@ async function serviceAccountKubeConfig(name: string): Promise<k8s.KubeConfig> {
 }
 
 /** `kubectl auth can-i` as one of the chart's ServiceAccounts: true for "yes". */
-function canI(account: string, verb: string, resource: string, namespace?: string): boolean {
+function canI(account: string, verb: string, resource: string, namespace?: string, subresource?: string): boolean {
   const res = spawnSync(
     join(process.cwd(), '.cluster/bin/kubectl'),
-    ['auth', 'can-i', verb, resource, ...(namespace ? ['-n', namespace] : ['--all-namespaces']), `--as=system:serviceaccount:${releaseNs}:${account}`],
+    [
+      'auth',
+      'can-i',
+      verb,
+      resource,
+      ...(subresource ? [`--subresource=${subresource}`] : []),
+      ...(namespace ? ['-n', namespace] : ['--all-namespaces']),
+      `--as=system:serviceaccount:${releaseNs}:${account}`,
+    ],
     { encoding: 'utf8', env: { ...process.env, ...kubeconfigEnv } },
   );
   if (res.status !== 0 && res.status !== 1) throw new Error(`kubectl auth can-i failed: ${res.stderr}`);
@@ -213,6 +221,8 @@ test('kubectl auth can-i: neither program can read a Secret or Pod outside the p
   expect(canI(operatorName, 'get', 'secrets', sandboxNs)).toBe(true);
   expect(canI(operatorName, 'patch', 'secrets', sandboxNs)).toBe(true);
   expect(canI(operatorName, 'get', 'secrets', 'default')).toBe(false);
+  // Box PID limits are read only with operator.nodeChecks.enabled: by default no way to the kubelet API.
+  for (const account of [bridgeName, operatorName]) expect({ account, nodeProxy: canI(account, 'get', 'nodes', undefined, 'proxy') }).toEqual({ account, nodeProxy: false });
 });
 
 test('the operator, with only the chart RBAC, reconciles the chart pool, reaps its boxes, and refuses a pool elsewhere', async () => {

@@ -351,6 +351,51 @@ describe('RBAC', () => {
   });
 });
 
+describe('operator node checks (box PID limits)', () => {
+  const NODE_PROXY_RULE = { apiGroups: [''], resources: ['nodes/proxy'], verbs: ['get'] };
+  const grantsNodeProxy = (out: ReturnType<typeof template>) =>
+    [...out.all('Role'), ...out.all('ClusterRole')].filter((r) => (r.rules as k8s.V1PolicyRule[]).some((rule) => rule.resources?.includes('nodes/proxy')));
+
+  test('off by default: no role anywhere grants nodes/proxy; the operator is told NODE_CHECKS=false', () => {
+    for (const namespaced of [true, false]) {
+      const out = template({ secret: { token: TOKEN }, rbac: { namespaced } });
+      expect(grantsNodeProxy(out).map((r) => r.metadata.name)).toEqual([]);
+      expect(env(out.one('Deployment', OPERATOR))).toMatchObject({ NODE_CHECKS: 'false', NODE_CHECK_INTERVAL_SECONDS: '3600' });
+    }
+  });
+
+  test('enabled, namespaced RBAC: get nodes/proxy in the operator ClusterRole only (nodes are cluster-scoped); the interval passed on', () => {
+    const out = template({ secret: { token: TOKEN }, operator: { nodeChecks: { enabled: true, intervalSeconds: 600 } } });
+    expect(out.one('ClusterRole', OPERATOR).rules).toEqual([
+      { apiGroups: [''], resources: ['namespaces'], resourceNames: ['sandbox'], verbs: NAMESPACE_VERBS },
+      ...OPERATOR_POOL_RULES,
+      NODE_PROXY_RULE,
+    ]);
+    expect(grantsNodeProxy(out).map((r) => `${r.kind}/${r.metadata.name}`)).toEqual([`ClusterRole/${OPERATOR}`]);
+    for (const role of out.all('Role').filter((r) => r.metadata.name === OPERATOR)) expect(role.rules).toEqual(OPERATOR_NAMESPACED_RULES);
+    expect(env(out.one('Deployment', OPERATOR))).toMatchObject({ NODE_CHECKS: 'true', NODE_CHECK_INTERVAL_SECONDS: '600' });
+  });
+
+  test('enabled, rbac.namespaced=false: the same rule in the one operator ClusterRole', () => {
+    const out = template({ secret: { token: TOKEN }, rbac: { namespaced: false }, operator: { nodeChecks: { enabled: true } } });
+    expect(out.one('ClusterRole', OPERATOR).rules).toEqual([
+      { apiGroups: [''], resources: ['namespaces'], verbs: NAMESPACE_VERBS },
+      ...OPERATOR_POOL_RULES,
+      NODE_PROXY_RULE,
+      ...OPERATOR_NAMESPACED_RULES,
+    ]);
+    expect(grantsNodeProxy(out).map((r) => `${r.kind}/${r.metadata.name}`)).toEqual([`ClusterRole/${OPERATOR}`]);
+    expect(env(out.one('Deployment', OPERATOR))).toMatchObject({ NODE_CHECKS: 'true', NODE_CHECK_INTERVAL_SECONDS: '3600' });
+  });
+
+  test('the schema refuses a non-boolean switch, an interval under 5 s and unknown keys', () => {
+    for (const nodeChecks of [{ enabled: 'yes' }, { intervalSeconds: 1 }, { enabled: true, pidsLimit: 4096 }]) {
+      const out = template({ secret: { token: TOKEN }, operator: { nodeChecks } });
+      expect({ nodeChecks, status: out.status }).toEqual({ nodeChecks, status: 1 });
+    }
+  });
+});
+
 describe('operator box health and webhooks', () => {
   test('defaults: the Pending threshold, no webhooks, no webhook Secret or volume; events may be created', () => {
     const out = template();
