@@ -183,7 +183,8 @@ suite('inside a real box, through boxd', () => {
       for await (const e of stream) {
         if (e.type === 'stdout' && e.data.includes('ready')) break; // leaving the loop cancels the response
       }
-      expect(await sleepersOf(marker)).toBe(1); // running before the disconnect
+      // Running before the disconnect (its shell may show twice for a moment: the fork before `sleep` runs).
+      expect(await sleepersOf(marker)).toBeGreaterThanOrEqual(1);
       aborter.abort();
       await waitFor('the command to be killed', async () => ((await sleepersOf(marker)) === 0 ? true : undefined), { timeoutMs: 10_000 });
     });
