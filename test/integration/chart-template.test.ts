@@ -560,6 +560,20 @@ describe('network policy', () => {
     expect(op.spec.egress).toEqual([dns, apiServer]);
   });
 
+  test("the operator's egress reaches boxd only with an object store (idle sleep fences boxes and streams their workspaces)", () => {
+    const toBoxd = (values: Record<string, unknown>) =>
+      (template({ secret: { token: TOKEN }, rbac: { targetNamespace: 'boxes' }, ...values }).one('NetworkPolicy', OPERATOR).spec.egress as k8s.V1NetworkPolicyEgressRule[]).filter((r) =>
+        r.ports?.some((p) => p.port === BOXD_PORT),
+      );
+    expect(toBoxd({})).toEqual([]);
+    expect(toBoxd({ objectStore: { bucket: 'snaps' } })).toEqual([
+      {
+        to: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'boxes' } }, podSelector: { matchLabels: { 'sandbox-bridge.io/box': 'true' } } }],
+        ports: [{ protocol: 'TCP', port: BOXD_PORT }],
+      },
+    ]);
+  });
+
   test('metricsIngressFrom: [] admits nobody to the metrics port (no rule without `from`, which would admit all)', () => {
     const out = template({ secret: { token: TOKEN }, networkPolicy: { metricsIngressFrom: [] } });
     expect(out.one('NetworkPolicy', BRIDGE).spec.ingress.map((r: k8s.V1NetworkPolicyIngressRule) => r.ports?.[0]?.port)).toEqual([8080]);

@@ -9,6 +9,7 @@ import { createConnection } from 'node:net';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { BOXD_PORT } from '../../common/boxd.js';
+import { POOL_DEFAULTS } from '../../common/pool.js';
 import { CHART, KUBE_VERSION, helm, parseDocs, TOKEN, withValuesFile } from '../chart/helm.js';
 import {
   createTestNamespace,
@@ -61,6 +62,8 @@ if (!testbed.available) process.stderr.write(`\n[network-policy] SKIPPING test/i
   const box: [string, string] = ['', 'box-a'];
   const boxB: [string, string] = ['', 'box-b'];
   const bridgePod: [string, string] = ['', 'bridge'];
+  const operatorPod: [string, string] = ['', 'operator'];
+  const stranger: [string, string] = ['', 'stranger'];
   const control: [string, string] = ['', 'control'];
 
   beforeAll(async () => {
@@ -69,7 +72,7 @@ if (!testbed.available) process.stderr.write(`\n[network-policy] SKIPPING test/i
     ns.bridge = await createTestNamespace(kc, 'np-bridge', restricted);
     ns.control = await createTestNamespace(kc, 'np-control', restricted);
     ns.release = await createTestNamespace(kc, 'np-release', restricted);
-    bridgePod[0] = ns.bridge;
+    bridgePod[0] = operatorPod[0] = stranger[0] = ns.bridge;
     control[0] = ns.control;
 
     operator = await startOperator({ shard, leaseName });
@@ -121,12 +124,15 @@ if (!testbed.available) process.stderr.write(`\n[network-policy] SKIPPING test/i
       [ns.pool, realNodeBox('box-a', 'exec sleep 3600', { labels: { 'sandbox-bridge.io/box': 'true' } })],
       [ns.pool, realNodeBox('box-b', listen({ [BOXD_PORT]: 'boxd', 8080: 'other' }), { labels: { 'sandbox-bridge.io/box': 'true' } })],
       [ns.bridge, realNodeBox('bridge', 'exec sleep 3600', { labels: { app: 'np-bridge' } })],
+      // The pool's operatorPodLabels default (common/pool.ts): idle sleep reaches boxd from there.
+      [ns.bridge, realNodeBox('operator', 'exec sleep 3600', { labels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'operator' } })],
+      [ns.bridge, realNodeBox('stranger', 'exec sleep 3600', { labels: { 'app.kubernetes.io/name': 'sandbox-bridge' } })],
       [ns.control, realNodeBox('control', 'exec sleep 3600')],
       [ns.release, realNodeBox('metrics', listen({ 9090: 'metrics' }), { labels: bridgeLabels })],
       ['kube-system', realNodeBox(dnsPod, listen({ 53: 'dns', 54: 'other' }), { labels: { 'k8s-app': 'kube-dns' } })],
     ];
     // Port 53 without privileges: lower the pod's first unprivileged port (a namespaced, safe sysctl).
-    pods[5]![1].spec!.securityContext!.sysctls = [{ name: 'net.ipv4.ip_unprivileged_port_start', value: '53' }];
+    pods.find(([, p]) => p.metadata!.name === dnsPod)![1].spec!.securityContext!.sysctls = [{ name: 'net.ipv4.ip_unprivileged_port_start', value: '53' }];
     await Promise.all(pods.map(([namespace, body]) => core.createNamespacedPod({ namespace, body })));
     for (const [namespace, pod] of pods) {
       const running = await waitRunning(kc, namespace, pod.metadata!.name!, 120_000);
@@ -164,6 +170,15 @@ if (!testbed.available) process.stderr.write(`\n[network-policy] SKIPPING test/i
       probe(control, ip['box-b']!, BOXD_PORT),
     ]);
     expect({ otherPort, fromBox, fromControl }).toEqual({ otherPort: '', fromBox: '', fromControl: '' });
+  });
+
+  test("ingress: the pool's operator pods reach boxd too (idle sleep), and only boxd's port; other pods of their namespace do not", async () => {
+    const [toBoxd, otherPort, fromStranger] = await Promise.all([
+      probe(operatorPod, ip['box-b']!, BOXD_PORT),
+      probe(operatorPod, ip['box-b']!, 8080),
+      probe(stranger, ip['box-b']!, BOXD_PORT),
+    ]);
+    expect({ toBoxd, otherPort, fromStranger }).toEqual({ toBoxd: 'boxd\n', otherPort: '', fromStranger: '' });
   });
 
   test('egress: no private, shared or link-local test host answers a box; each answers a pod under no policy', async () => {
@@ -219,6 +234,19 @@ if (!testbed.available) process.stderr.write(`\n[network-policy] SKIPPING test/i
       intervalMs: 500,
     });
   }, 90_000);
+
+  test("a public address added to deniedCIDRs (a managed cluster's public API endpoint) is out of reach; removed, it answers again", async () => {
+    expect(await probe(box, host.public, 80)).not.toBe('');
+    await pools.patchSpec(poolName, { egress: { deniedCIDRs: [...POOL_DEFAULTS.egress.deniedCIDRs, `${host.public}/32`] } });
+    await waitFor('the denied public address to be out of reach', async () => ((await probe(box, host.public, 80)) === '' ? true : undefined), {
+      timeoutMs: 30_000,
+      intervalMs: 500,
+    });
+    // An unpoliced pod still reaches it: the policy, not the harness, stops the box.
+    expect(await probe(control, host.public, 80)).not.toBe('');
+    await pools.patchSpec(poolName, { egress: { deniedCIDRs: POOL_DEFAULTS.egress.deniedCIDRs } });
+    await waitFor('the public address to answer again', async () => ((await probe(box, host.public, 80)) ? true : undefined), { timeoutMs: 30_000, intervalMs: 500 });
+  });
 
   test('the harness drops what pods send to an address no test registered, policy or not', async () => {
     const dropped = () => {
