@@ -208,10 +208,11 @@ function metadataList<T extends k8s.KubernetesObject>(o: InformerOptions<T>, m: 
     const res = await http.send(ctx).toPromise();
     const text = await res.body.text();
     if (res.httpStatusCode !== 200) throw new k8s.ApiException(res.httpStatusCode, `list ${o.path}`, text, res.headers);
-    const list = JSON.parse(text) as { apiVersion?: string; kind?: string; metadata?: { resourceVersion?: string; continue?: string }; items: T[] };
-    // Typed as client-node's lists are: the wire's `continue` is `_continue` there (listPaged reads that).
+    const list = JSON.parse(text) as { apiVersion?: string; kind?: string; metadata?: { resourceVersion?: string; continue?: string }; items?: T[] | null };
+    // Typed as client-node's lists are: the wire's `continue` is `_continue` there (listPaged reads
+    // that); an empty PartialObjectMetadataList comes with `items: null`.
     const { resourceVersion, continue: cont } = list.metadata ?? {};
-    return { ...list, metadata: { ...(resourceVersion ? { resourceVersion } : {}), ...(cont ? { _continue: cont } : {}) } };
+    return { ...list, items: list.items ?? [], metadata: { ...(resourceVersion ? { resourceVersion } : {}), ...(cont ? { _continue: cont } : {}) } };
   };
   return () => listPaged(page, m.trim ?? (() => undefined));
 }

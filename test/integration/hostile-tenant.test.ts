@@ -116,6 +116,15 @@ suite('a hostile tenant on the real node', () => {
     expect((await api(env.bridges[0]!)('DELETE', `/boxes/${box}`)).status).toBe(200);
   }, 120_000);
 
+  test('a replica at rest makes no API requests: its watches hold (no relist loop, even of an empty list)', async () => {
+    // The replica watches records in a sleep state as metadata; none exist here, so that list is empty.
+    await new Promise((r) => setTimeout(r, 2000));
+    const before = proxy.requests.length;
+    await new Promise((r) => setTimeout(r, 5000));
+    const made = proxy.requests.slice(before).map((r) => `${r.method} ${r.url}`);
+    expect(made).toEqual([]);
+  }, 60_000);
+
   test('polling a deleted box 1,000 times costs a handful of API requests, and no LIST', async () => {
     const call = api(counted);
     const box = (await call('POST', '/boxes', { sessionId: 'deleted-poll', cpu: 0.25, memory: 256 })).json.box_id as string;
