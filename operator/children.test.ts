@@ -144,6 +144,22 @@ test('covers compares desired fields only, quantities by value', () => {
   expect(covers(undefined, { a: 1 })).toBe(false);
 });
 
+test('children are up to date in the watch\'s wire form too (default, from), not only in client-node\'s model (_default, _from)', () => {
+  // A typed list fills the cache with the model's names; a watch event with the wire's. The drift
+  // check must converge on both, or every reconcile re-applies the LimitRange and NetworkPolicy.
+  const p = pool();
+  const wire = (child: ReturnType<typeof desiredLimitRange>) => JSON.parse(JSON.stringify(child).replace(/"_default"/g, '"default"').replace(/"_from"/g, '"from"'));
+  for (const child of [desiredLimitRange(p), desiredNetworkPolicy(p)]) {
+    expect(JSON.stringify(wire(child))).not.toContain('"_');
+    expect([child.kind, isUpToDate(child, wire(child))]).toEqual([child.kind, true]);
+    expect([child.kind, isUpToDate(child, child)]).toEqual([child.kind, true]);
+  }
+  // Still a real difference is one.
+  const changed = wire(desiredLimitRange(p));
+  changed.spec.limits[0].default.cpu = '3';
+  expect(isUpToDate(desiredLimitRange(p), changed)).toBe(false);
+});
+
 test('a LimitRange written with 0.7 cores is up to date once the API server stores it as 700m', () => {
   const desired = desiredLimitRange(pool({ box: { ...POOL_DEFAULTS.box, defaultCpu: '0.7', maxCpu: '1.1', defaultMemory: '0.5Gi' } }));
   // What the API server hands back: quantities in canonical form.

@@ -187,7 +187,10 @@ export function covers(actual: unknown, desired: unknown): boolean {
   }
   if (typeof desired === 'object') {
     if (typeof actual !== 'object' || actual === null || Array.isArray(actual)) return false;
-    return Object.entries(desired).every(([k, v]) => covers((actual as Record<string, unknown>)[k], v));
+    const a = actual as Record<string, unknown>;
+    // client-node names a field that is a reserved word `_name` (`_default`, `_from`) in its model,
+    // which typed lists fill, while watch events carry the wire's `name`: either is the field.
+    return Object.entries(desired).every(([k, v]) => covers(k.startsWith('_') && !(k in a) ? a[k.slice(1)] : a[k], v));
   }
   if (actual === desired) return true;
   if (typeof desired === 'string' && typeof actual === 'string') return sameQuantity(actual, desired);
