@@ -152,6 +152,8 @@ export interface SessionBox {
   /** A woken box keeps when it was made and when it expires (its TTL counted on while it slept). */
   createdAt?: Date;
   expiresAt?: Date;
+  /** A pod made for a wake: not to be served until the waker commits it (ANNOTATIONS.restoring). */
+  restoring?: boolean;
 }
 
 /**
@@ -177,6 +179,7 @@ export function sessionMetadata(s: SessionBox): Required<Pick<V1ObjectMeta, 'lab
       [ANNOTATIONS.ttlSeconds]: String(s.ttlSeconds),
       // Idle sleep counts from here until a call through the bridge moves it on.
       [ANNOTATIONS.lastActive]: s.now.toISOString(),
+      ...(s.restoring ? { [ANNOTATIONS.restoring]: 'true' } : {}),
     },
     ownerReferences: [owner],
   };

@@ -54,6 +54,11 @@ export const ANNOTATIONS = {
   epoch: `${API_GROUP}/epoch`,
   /** On a sleeping box's record: the shape its pod is made again with (JSON, common/box-pod.ts SleptBox). */
   sleepBox: `${API_GROUP}/sleep-box`,
+  /**
+   * On a pod made for a wake while its workspace is restored: no call is served on it (through
+   * any replica) until the waker removes it, which commits the wake (docs/lifecycle.md).
+   */
+  restoring: `${API_GROUP}/restoring`,
   /** On a Failed box's record: why. */
   failure: `${API_GROUP}/failure`,
 } as const;

@@ -99,15 +99,18 @@ describe('planIdle: when the operator puts a box to sleep (transition 2) or resu
 
 describe('resumeOutcome: where a box whose lease holder stopped ends up (transition 11)', () => {
   test('a sleep whose pod still runs is undone: Running, with its data', () => {
-    expect(resumeOutcome('pending', true, false)).toBe('running');
-    expect(resumeOutcome('pending', true, true)).toBe('running');
+    expect(resumeOutcome('pending', 'serving', false)).toBe('running');
+    expect(resumeOutcome('pending', 'serving', true)).toBe('running');
   });
   test('a sleep whose pod is gone: Sleeping if its snapshot was named and stored, else Failed', () => {
-    expect(resumeOutcome('pending', false, true)).toBe('asleep');
-    expect(resumeOutcome('pending', false, false)).toBe('failed');
+    expect(resumeOutcome('pending', 'none', true)).toBe('asleep');
+    expect(resumeOutcome('pending', 'none', false)).toBe('failed');
   });
-  test('a wake whose waker stopped: Sleeping again, whatever it made', () => {
-    expect(resumeOutcome('waking', true, false)).toBe('asleep');
-    expect(resumeOutcome('waking', false, true)).toBe('asleep');
+  test('a wake whose waker stopped before committing its pod: Sleeping again (the half-restored pod goes)', () => {
+    expect(resumeOutcome('waking', 'restoring', false)).toBe('asleep');
+    expect(resumeOutcome('waking', 'none', true)).toBe('asleep');
+  });
+  test('a wake whose waker committed its pod, then stopped before releasing the record: Running, pod kept', () => {
+    expect(resumeOutcome('waking', 'serving', false)).toBe('running');
   });
 });

@@ -266,19 +266,23 @@ export class IdleSleepReconciler {
     const log = this.o.log.child({ box: boxId, namespace: ns, epoch: held.lease.epoch, state });
     let outcome = 'error';
     try {
-      const pod = await this.livePod(key, ns, boxId);
-      // A waker that stopped may have left a half-restored pod; the next call wakes the box anew.
-      if (state === 'waking' && pod) await this.deletePod(ns, pod);
+      let pod = await this.livePod(key, ns, boxId);
       // A sleeper that stopped with the pod still there: writing the pod makes a late delete of
       // the sleeper's fail (its resourceVersion moved on).
-      const alive = state === 'pending' && pod !== undefined && !(await this.touch(pod))?.metadata?.deletionTimestamp;
+      if (state === 'pending' && pod && (await this.touch(pod))?.metadata?.deletionTimestamp) pod = undefined;
+      const podState = !pod ? 'none' : pod.metadata?.annotations?.[ANNOTATIONS.restoring] ? 'restoring' : 'serving';
       const named = held.record.metadata?.annotations?.[ANNOTATIONS.sleepSnapshot];
-      const stored = state === 'pending' && !alive && named !== undefined && sleptBoxOf(held.record) !== undefined && (await this.snapshotStored(pool, named));
-      outcome = resumeOutcome(state, alive, stored);
-      if (outcome === 'running') {
+      const stored = state === 'pending' && !pod && named !== undefined && sleptBoxOf(held.record) !== undefined && (await this.snapshotStored(pool, named));
+      outcome = resumeOutcome(state, podState, stored);
+      // A waker that stopped before its commit left a half-restored pod: it goes; the next call wakes the box anew.
+      if (state === 'waking' && outcome === 'asleep' && pod) await this.deletePod(ns, pod);
+      if (outcome === 'running' && state === 'pending') {
         // The fence (any epoch up to ours) comes down; a snapshot it took is no one's.
         await this.unfence(this.target(pod!), held.lease.epoch);
         if (named) await this.discard(pool, named);
+        await this.leasesOf(ns).release(held, null, CLEAR_SLEEP);
+      } else if (outcome === 'running') {
+        // A wake that committed its pod and stopped before releasing the record.
         await this.leasesOf(ns).release(held, null, CLEAR_SLEEP);
       } else if (outcome === 'asleep') {
         await this.leasesOf(ns).release(held, 'asleep');
@@ -453,13 +457,14 @@ export function planIdle(i: { pool: SandboxPool | undefined; record: k8s.V1Secre
 }
 
 /**
- * Where a box whose sleep's holder stopped ends up (transition 11): its pod still there -> Running
- * (the sleep undone); gone with its snapshot named and stored -> Sleeping; gone without -> Failed.
- * A wake's holder that stopped -> Sleeping again (its half-made pod deleted). Pure.
+ * Where a box whose lease holder stopped ends up (transition 11). A sleep: its pod still there ->
+ * Running (the sleep undone); gone with its snapshot named and stored -> Sleeping; gone without
+ * -> Failed. A wake: its pod committed (no longer marked restoring) -> Running (only the record's
+ * release was missing); otherwise -> Sleeping again (a half-made pod is deleted). Pure.
  */
-export function resumeOutcome(state: 'pending' | 'waking', podAlive: boolean, snapshotStored: boolean): 'running' | 'asleep' | 'failed' {
-  if (state === 'waking') return 'asleep';
-  if (podAlive) return 'running';
+export function resumeOutcome(state: 'pending' | 'waking', pod: 'none' | 'restoring' | 'serving', snapshotStored: boolean): 'running' | 'asleep' | 'failed' {
+  if (state === 'waking') return pod === 'serving' ? 'running' : 'asleep';
+  if (pod !== 'none') return 'running';
   return snapshotStored ? 'asleep' : 'failed';
 }
 

@@ -414,14 +414,20 @@ export class BoxConnector {
         createdAt: new Date(slept.createdAt),
         ...(slept.expiresAt ? { expiresAt: new Date(slept.expiresAt) } : {}),
         idempotencyKey: record.metadata?.labels?.[LABELS.idempotencyKey],
+        // Other replicas see the new pod at once: marked, it is not served until committed below.
+        restoring: true,
       };
       const revived = await this.deps.boxes.revive(session, shapeOfSlept(slept), envOf(record), nonce);
       made = revived.pod;
       path = revived.path;
       await this.run(made, (call) => this.deps.snapshots.restoreInto({ ...call, signal: AbortSignal.any([call.signal, keeper.signal]) }, metadata), keeper.signal);
-      // Awake: a plain record again (its snapshot stays in the store until retention).
-      const released = await this.deps.leases.release(await keeper.stop(), null, CLEAR_SLEEP);
-      if (!released) throw new BridgeError('cluster_unavailable', `box ${boxId} was taken over while it woke; retry`, { headers: { 'Retry-After': '1' } });
+      // The commit: the pod is served from now on, through every replica. Only while this wake
+      // still holds the lease (a renewal), so a waker taken over never commits its pod.
+      if (!(await keeper.update({}))) throw new BridgeError('cluster_unavailable', `box ${boxId} was taken over while it woke; retry`, { headers: { 'Retry-After': '1' } });
+      await this.commitPod(made);
+      // Awake: a plain record again (its snapshot stays in the store until retention). A crash
+      // before this leaves a committed pod and a waking record: the operator then releases it.
+      await this.deps.leases.release(await keeper.stop(), null, CLEAR_SLEEP);
       this.deps.onWoken?.(path, 'ok', (performance.now() - started) / 1000);
       this.deps.log.info({ box: boxId, path, snapshot: snapshotId, ms: Math.round(performance.now() - started) }, 'box woken');
     } catch (err) {
@@ -472,6 +478,16 @@ export class BoxConnector {
     if (!s.metadata?.ownerReferences?.some((o) => o.uid === recordUid)) return;
     await this.deps.call('free box seat', () =>
       this.deps.core.deleteNamespacedSecret({ name, namespace: this.deps.namespace, body: { preconditions: { uid: s.metadata!.uid! } } }),
+    );
+  }
+
+  /** Removes the restoring mark of the pod this wake made (that pod only: its UID guards the patch). */
+  private async commitPod(pod: k8s.V1Pod): Promise<void> {
+    await this.deps.call('commit woken box pod', () =>
+      this.deps.core.patchNamespacedPod(
+        { name: pod.metadata!.name!, namespace: this.deps.namespace, body: { metadata: { uid: pod.metadata!.uid, annotations: { [ANNOTATIONS.restoring]: null } } } },
+        k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
+      ),
     );
   }
 

@@ -12,7 +12,7 @@ import * as k8s from '@kubernetes/client-node';
 import { BOXD_NONCE_ANNOTATION, boxdToken, newNonce } from '../../common/boxd.js';
 import { buildSessionBoxPod, sessionMetadata, warmShape, warmTemplateHash, type BoxShape, type SessionBox } from '../../common/box-pod.js';
 import { BridgeError } from '../../common/errors.js';
-import { LABELS, boxName, sessionHash } from '../../common/labels.js';
+import { ANNOTATIONS, LABELS, boxName, sessionHash } from '../../common/labels.js';
 import type { SandboxPoolSpec } from '../../common/pool.js';
 import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js';
 import { stateOf } from '../../common/box-lease.js';
@@ -330,7 +330,7 @@ export class BoxService {
     const made = this.madeHere(id);
     if (made) return { pod: made };
     const cached = this.deps.cache.get(id);
-    if (cached && !this.isDeleting(cached)) return { pod: this.checkBox(id, cached) };
+    if (cached && !this.isDeleting(cached)) return this.servable(id, this.checkBox(id, cached));
     if (this.gone.has(id)) throw notFound(id);
     const record = await this.deps.records.read(id);
     if (!record || record.metadata?.deletionTimestamp || this.deleted.has(record.metadata?.uid ?? '')) {
@@ -340,10 +340,24 @@ export class BoxService {
     const state = stateOf(record);
     if (state && state !== 'pending') return { record };
     const pod = (await this.deps.cache.waitForBox(id, WATCH_WAIT_MS)) ?? (await this.readPod(id));
-    if (pod && !this.isDeleting(pod) && pod.metadata?.labels?.[LABELS.boxId] === id) return { pod };
+    if (pod && !this.isDeleting(pod) && pod.metadata?.labels?.[LABELS.boxId] === id) return this.servable(id, pod);
     // A sleep between its pod's delete and its record marked asleep: podless for a moment.
     if (state === 'pending') return { record };
     throw new BridgeError('cluster_unavailable', `box ${id} exists but its pod is not visible yet; retry`, { headers: { 'Retry-After': '1' } });
+  }
+
+  /**
+   * A pod a wake made is served only once that wake committed it (docs/lifecycle.md): one still
+   * marked restoring in this replica's watch is read again (one API read, only while a wake
+   * runs); if it still is, the box is being woken, and the call waits for it as for any wake.
+   */
+  private async servable(id: string, pod: k8s.V1Pod): Promise<{ pod: k8s.V1Pod } | { record: k8s.V1Secret }> {
+    if (!pod.metadata?.annotations?.[ANNOTATIONS.restoring]) return { pod };
+    const fresh = await this.readPod(pod.metadata.name!);
+    if (fresh && fresh.metadata?.uid === pod.metadata.uid && !fresh.metadata?.annotations?.[ANNOTATIONS.restoring] && !this.isDeleting(fresh)) return { pod: fresh };
+    const record = await this.deps.records.read(id);
+    if (!record || record.metadata?.deletionTimestamp) throw notFound(id);
+    return { record };
   }
 
   /** The pod serving a box (404 when it has none: gone, or asleep). */

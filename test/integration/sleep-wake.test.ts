@@ -128,6 +128,23 @@ suite('idle sleep and wake on the real node with the real store', () => {
     expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
   }, 240_000);
 
+  test('a woken pod is served by no replica before its workspace is restored', async () => {
+    const box = (await call('POST', '/boxes', { sessionId: 'restoring', ...SMALL })).json.box_id as string;
+    // Large enough that the restore takes a while: the other replica sees the new pod meanwhile.
+    await exec(call, box, 'head -c 83886080 /dev/urandom > big.bin && echo marker > m');
+    await sleeping(call, box);
+    const old = new Set((await boxPods(env.pool.ns, box)).map((p) => p.metadata!.uid));
+    const waking = exec(call, box, 'cat m');
+    const fresh = await until('the wake\'s new pod', async () => (await boxPods(env.pool.ns, box)).find((p) => !old.has(p.metadata!.uid) && !p.metadata?.deletionTimestamp), 60_000, 50);
+    expect(fresh.metadata?.annotations?.['sandbox-bridge.io/restoring']).toBe('true'); // not committed yet
+    // Calls through the other replica, from the moment the pod exists: each waits for the wake.
+    const during = await Promise.all(Array.from({ length: 4 }, (_, i) => new Promise((r) => setTimeout(r, i * 200)).then(() => exec(callB, box, 'cat m'))));
+    for (const r of during) expect(r).toMatchObject({ exit_code: 0, stdout: 'marker\n' });
+    expect(await waking).toMatchObject({ exit_code: 0, stdout: 'marker\n' });
+    expect((await core.readNamespacedPod({ name: fresh.metadata!.name!, namespace: env.pool.ns })).metadata?.annotations?.['sandbox-bridge.io/restoring']).toBeUndefined();
+    expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
+  }, 240_000);
+
   test('a running background process keeps its box awake (the keepalive); deleting a sleeping box deletes its record', async () => {
     const box = (await call('POST', '/boxes', { sessionId: 'busy', ...SMALL })).json.box_id as string;
     expect((await call('POST', `/boxes/${box}/processes`, { command: 'sleep 600' })).status).toBe(201);
