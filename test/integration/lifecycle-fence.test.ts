@@ -73,7 +73,13 @@ suite('writes through a replica with a stale watch, during a sleep', () => {
     const acked = new Map<string, string>();
     try {
       if (moment === 'snapshotting') {
-        await until('the sleep to start', async () => ((await record(env.pool.ns, box))?.metadata?.labels?.[LABELS.sleep] === 'pending' ? true : undefined), 60_000, 50);
+        // The snapshot's upload is in the store: the fence went up before it (the sleep is past
+        // its check for calls at work), and the pod is not deleted before it is stored.
+        const s3 = new ObjectStore(ObjectStoreConfigSchema.parse(env.storeEnv));
+        await until('the sleep snapshot to be streaming', async () => {
+          for await (const upload of s3.listUploads(env.storeEnv.OBJECT_STORE_PREFIX!)) return upload;
+          return undefined;
+        }, 60_000, 50).finally(() => s3.close());
       } else {
         await until('the sleep to delete the pod', async () => ((await boxPods(env.pool.ns, box)).some((p) => p.metadata?.deletionTimestamp) ? true : undefined), 60_000, 50);
       }
