@@ -1,4 +1,4 @@
-import { goneStep, podlessStep } from './box-connector.js';
+import { deletedStep, goneStep, podlessStep } from './box-connector.js';
 
 describe('a call to a box without a pod (docs/lifecycle.md)', () => {
   test('Sleeping -> Waking only for a call that may wake it (boxes:write)', () => {
@@ -29,5 +29,19 @@ describe('a call whose boxd stopped accepting connections', () => {
   test('a plain running box: its boxd gets one while to come back, then the call fails', () => {
     expect(goneStep(undefined, false)).toBe('retry');
     expect(goneStep(undefined, true)).toBe('fail');
+  });
+});
+
+describe('a call whose pod was deleted while it ran (test/chaos/)', () => {
+  test('a sleep took it (the call\'s activity write lost the race with the guarded delete, or a lagging watch): wake the box, or wait for the sleep', () => {
+    expect(deletedStep('pending', true, false)).toBe('wait');
+    expect(deletedStep('asleep', true, false)).toBe('wake');
+    expect(deletedStep('waking', true, true)).toBe('wake');
+    expect(deletedStep('failed', true, false)).toBe('wake'); // answered as Failed by the wake step
+  });
+  test('the box was deleted, or the pod of a plain running box: the 404 it is', () => {
+    expect(deletedStep(undefined, false, false)).toBe('fail');
+    expect(deletedStep('asleep', false, false)).toBe('fail');
+    expect(deletedStep(undefined, true, false)).toBe('fail');
   });
 });

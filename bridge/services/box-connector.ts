@@ -8,7 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
-import { LeaseKeeper, leaseExpired, stateOf, type BoxLeases, type BoxState, type Held } from '../../common/box-lease.js';
+import { LeaseKeeper, LeaseLostError, leaseExpired, stateOf, type BoxLeases, type BoxState, type Held } from '../../common/box-lease.js';
 import { shapeOfSlept, sleptBoxOf, type SessionBox } from '../../common/box-pod.js';
 import { envOf, type BoxRecords } from '../../common/box-records.js';
 import { BOXD_NONCE_ANNOTATION, BOXD_VERSION_ANNOTATION, boxdToken, newNonce } from '../../common/boxd.js';
@@ -125,12 +125,14 @@ export class BoxConnector {
           await this.meetFence(boxId, pod, signal);
           continue;
         }
-        if (!(err instanceof BoxdGone)) throw err;
-        // Its boxd is gone. A sleep may have taken the pod while this replica's watch lags: the
-        // record says (one API read); otherwise the pod is given a while to come back.
+        if (!(err instanceof BoxdGone) && !(err instanceof PodGone)) throw err;
+        // Its boxd is gone, or its pod went while the call ran. A sleep may have taken the pod
+        // (this replica's watch lags, or the call's activity write lost the race with the
+        // sleep's delete): the record says (one API read); otherwise the pod is given a while to
+        // come back, or, deleted, is the 404 it was.
         const record = await this.deps.records.read(boxId);
-        const next = goneStep(stateOf(record), lost === pod.metadata!.uid);
-        if (next === 'fail') throw err.answer;
+        const next = err instanceof PodGone ? deletedStep(stateOf(record), record !== undefined, lost === pod.metadata!.uid) : goneStep(stateOf(record), lost === pod.metadata!.uid);
+        if (next === 'fail') throw err instanceof BoxdGone ? err.answer : err;
         if (next === 'wake') await wake(record);
         else if (next === 'wait') await this.waitWhilePending(boxId, signal);
         lost = pod.metadata!.uid;
@@ -150,7 +152,7 @@ export class BoxConnector {
     const aborter = new AbortController();
     const stop = this.deps.cache.onGone(
       name,
-      () => aborter.abort(new BridgeError('not_found', `box ${boxIdOf(pod) ?? name} was deleted while the request was running`)),
+      () => aborter.abort(new PodGone(`box ${boxIdOf(pod) ?? name} was deleted while the request was running`)),
       pod.metadata!.uid,
     );
     const onCallerAbort = () => aborter.abort(signal?.reason);
@@ -232,14 +234,15 @@ export class BoxConnector {
         return await this.deps.cache.waitUntil(name, (p) => Boolean(p.status?.podIP), Math.max(1, Math.min(remaining, first ? WATCH_GRACE_MS : POLL_API_MS)), uid);
       } catch (err) {
         if (err instanceof BoxGoneError) {
-          throw err.phase ? new BridgeError('conflict', `${err.message}; create a new box`) : new BridgeError('not_found', `box ${name} not found`);
+          // Ended by itself is final; deleted (its box, or a sleep) is for the caller to find out.
+          throw err.phase === 'Succeeded' || err.phase === 'Failed' ? new BridgeError('conflict', `${err.message}; create a new box`) : new PodGone(`box ${name} not found`);
         }
         if (!(err instanceof BoxStartTimeoutError)) throw err;
         if (deadline - performance.now() <= 0) throw startTimeout(err);
       }
       signal.throwIfAborted();
       const pod = await this.readPod(name);
-      if (!pod || pod.metadata?.uid !== uid || pod.metadata?.deletionTimestamp) throw new BridgeError('not_found', `box ${name} not found`);
+      if (!pod || pod.metadata?.uid !== uid || pod.metadata?.deletionTimestamp) throw new PodGone(`box ${name} not found`);
       trimPod(pod); // kept as the pod seen answering: as small as the cache's
       if (pod.status?.phase === 'Succeeded' || pod.status?.phase === 'Failed') throw new BridgeError('conflict', `box ${name} has ended (${pod.status.phase}); create a new box`);
       if (pod.status?.podIP) return pod;
@@ -442,6 +445,11 @@ export class BoxConnector {
       }
       this.deps.log.warn({ err, box: boxId }, 'could not wake box; it stays asleep');
       await this.deps.leases.release(current, 'asleep').catch(() => undefined);
+      // Its lease lost, or its pod deleted by whoever took the lease over: the box is still
+      // there (asleep, or woken by another), so a retry is the answer, not a 500 or a 404.
+      if (err instanceof LeaseLostError || err instanceof PodGone) {
+        throw new BridgeError('cluster_unavailable', `box ${boxId} was taken over while it woke; retry`, { headers: { 'Retry-After': '1' }, cause: err });
+      }
       throw err;
     }
   }
@@ -528,10 +536,28 @@ export function goneStep(state: BoxState | undefined, lostBefore: boolean): 'wak
   return lostBefore ? 'fail' : 'retry';
 }
 
+/**
+ * A call whose pod was deleted while it ran, by what the box's record says: a sleep took it
+ * (pending, asleep, waking, failed) -> as for a boxd gone (wake the box, or wait for the sleep;
+ * nothing of the call ran under the sleep's fence, so it runs again there); no record (the box
+ * was deleted) or a plain running box whose pod was deleted -> the 404 it is. Pure.
+ */
+export function deletedStep(state: BoxState | undefined, recordExists: boolean, lostBefore: boolean): 'wake' | 'wait' | 'retry' | 'fail' {
+  if (!recordExists || state === undefined) return 'fail';
+  return goneStep(state, lostBefore);
+}
+
 /** What a sleep leaves on the record that a box back to Running must not keep. */
 const CLEAR_SLEEP = { annotations: { [ANNOTATIONS.sleepSnapshot]: null, [ANNOTATIONS.sleepBox]: null, [ANNOTATIONS.expiresAt]: null } };
 
 class SnapshotLost extends Error {}
+
+/** The pod a call ran on was deleted meanwhile: the 404 it was, unless the box's record says a sleep took it. */
+class PodGone extends BridgeError {
+  constructor(message: string) {
+    super('not_found', message);
+  }
+}
 
 /** A call found the pod's boxd not accepting connections; `answer` is what the caller gets if that lasts. */
 class BoxdGone extends Error {
