@@ -11,6 +11,10 @@ import { formatCpu, formatMemory, parseQuantity } from './quantity.js';
 export const BOX_CONTAINER = 'box';
 export const BOXD_INSTALL_CONTAINER = 'boxd-install';
 export const WORKSPACE = '/workspace';
+/** Files box code leaves for the session (issue 21: the platform's session outputs). */
+export const SESSION_OUTPUTS_DIR = '/mnt/session/outputs';
+/** Outputs are results, not a second workspace: a fixed cap, counted against the node's ephemeral storage. */
+export const SESSION_OUTPUTS_SIZE_LIMIT = '256Mi';
 
 /** What a box runs on: the fields a create request may set, resolved. */
 export interface BoxShape {
@@ -111,6 +115,7 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
           volumeMounts: [
             { name: 'workspace', mountPath: WORKSPACE },
             { name: 'tmp', mountPath: '/tmp' },
+            { name: 'outputs', mountPath: SESSION_OUTPUTS_DIR },
             { name: 'boxd', mountPath: BOXD_BIN_DIR, readOnly: true },
             { name: 'box-secret', mountPath: BOXD_SECRET_DIR, readOnly: true },
           ],
@@ -119,6 +124,7 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
       volumes: [
         { name: 'workspace', emptyDir: { sizeLimit: p.box.workspaceSizeLimit } },
         { name: 'tmp', emptyDir: { sizeLimit: p.box.tmpSizeLimit } },
+        { name: 'outputs', emptyDir: { sizeLimit: SESSION_OUTPUTS_SIZE_LIMIT } },
         { name: 'boxd', emptyDir: { sizeLimit: '64Mi' } },
         {
           name: 'box-secret',
@@ -218,6 +224,8 @@ export function warmTemplateHash(spec: SandboxPoolSpec, boxdImage: string): stri
     shape: warmShape(spec),
     workspace: box.workspaceSizeLimit,
     tmp: box.tmpSizeLimit,
+    // The volumes a box has beyond its policy's (warm pods of an older layout are replaced).
+    layout: [SESSION_OUTPUTS_DIR, SESSION_OUTPUTS_SIZE_LIMIT],
     nodeSelector: box.nodeSelector ?? null,
     tolerations: box.tolerations ?? null,
     boxdImage,
