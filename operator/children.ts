@@ -177,7 +177,10 @@ export function isUpToDate(desired: Child, live: k8s.KubernetesObject | undefine
   if (!live) return false;
   const hash = desired.metadata.annotations?.[APPLIED_HASH_ANNOTATION];
   if (live.metadata?.annotations?.[APPLIED_HASH_ANNOTATION] !== hash) return false;
-  return covers(live, desired);
+  // Not apiVersion and kind: list items carry neither, and the cache a live object comes from
+  // already says what it is. An apply that changes nothing makes no watch event to fill them in.
+  const { apiVersion: _apiVersion, kind: _kind, ...fields } = desired;
+  return covers(live, fields);
 }
 
 export function covers(actual: unknown, desired: unknown): boolean {
