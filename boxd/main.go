@@ -2,6 +2,7 @@
 // protocol in PROTOCOL.md on one port. This file only wires the packages together.
 //
 //	boxd [serve]         serve (configuration from the environment, see config)
+//	boxd mounts          the memory-store sidecar (package mounts, docs/mounts.md)
 //	boxd install DEST    copy this executable to DEST (a file path, or an existing directory)
 //	boxd version
 package main
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"sandbox-bridge.io/boxd/auth"
+	"sandbox-bridge.io/boxd/mounts"
 	"sandbox-bridge.io/boxd/process"
 	"sandbox-bridge.io/boxd/server"
 )
@@ -80,12 +82,14 @@ func main() {
 	switch {
 	case cmd == "serve" && len(args) == 0:
 		err = serve()
+	case cmd == "mounts" && len(args) == 0:
+		err = serveMounts()
 	case cmd == "install" && len(args) == 1:
 		err = install(args[0])
 	case cmd == "version" && len(args) == 0:
 		fmt.Println(version)
 	default:
-		fmt.Fprintln(os.Stderr, "usage: boxd [serve] | boxd install DEST | boxd version")
+		fmt.Fprintln(os.Stderr, "usage: boxd [serve] | boxd mounts | boxd install DEST | boxd version")
 		os.Exit(2)
 	}
 	if err != nil {
@@ -194,6 +198,48 @@ func serve() error {
 		if err := srv.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			log.Warn("shutdown", "error", err.Error())
 		}
+		return nil
+	}
+}
+
+// serveMounts runs the memory-store sidecar: no processes, no env, only the memory volumes.
+func serveMounts() error {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	port := envInt("BOXD_MOUNTS_PORT", 7772)
+	if port <= 0 || port > 65535 {
+		return fmt.Errorf("BOXD_MOUNTS_PORT must be a port number")
+	}
+	checker, err := auth.Load(envStr("BOXD_SECRET_DIR", "/opt/sandbox-bridge/secret"))
+	if err != nil {
+		return fmt.Errorf("refusing to serve without a credential: %w", err)
+	}
+	cfg := mounts.Config{
+		Version: version, Auth: checker, Log: log,
+		Memory: envStr("BOXD_MEMORY_DIR", "/mnt/memory"),
+		RW:     envStr("BOXD_MEMORY_RW_DIR", "/mnt/memory-rw"),
+	}
+	ln, err := net.Listen("tcp", ":"+strconv.Itoa(port))
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           mounts.New(cfg),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	log.Info("boxd mounts serving", "version", version, "port", port)
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-stop:
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
 		return nil
 	}
 }
