@@ -5,6 +5,7 @@ import { request, type CallOptions, type FetchLike, type HttpConfig, type RetryO
 import { ndjsonEvents, openStream, openTerminal, responseBytes, type Terminal } from './streams.js';
 import type {
   ArchiveWritten,
+  BoxContext,
   BoxCreated,
   BoxDeleted,
   BoxStatus,
@@ -20,17 +21,26 @@ import type {
   FileRead,
   FileWritten,
   Health,
+  KeepAlive,
+  MemoryMount,
+  MemorySynced,
+  MountMemoryRequest,
+  MountOutputsRequest,
   NodeList,
   OpenApiDocument,
   OutputEvent,
+  OutputsMount,
   PodMetricsList,
   ProcessInfo,
   ProcessList,
   ProcessSignal,
   SandboxList,
   SandboxesQuery,
+  SessionOutputs,
+  SetContextRequest,
   Snapshot,
   SnapshotDeleted,
+  SnapshotFilter,
   SnapshotList,
   StartProcessRequest,
   StdinWritten,
@@ -105,8 +115,11 @@ export interface BridgeClient {
   deleteBox(boxId: string, opts?: CallOptions & { snapshot?: boolean }): Promise<BoxDeleted>;
   /** Snapshots the box's /workspace and env into the bridge's object store (501 without one). */
   snapshot(boxId: string, req?: CreateSnapshotRequest, opts?: CallOptions): Promise<Snapshot>;
-  /** A session's snapshots, newest first. */
-  listSnapshots(sessionId: string, opts?: CallOptions & { limit?: number }): Promise<SnapshotList>;
+  /**
+   * Snapshots newest first: a session's (a string), or those whose context matches every field
+   * given (session_id, tenant_id, environment_id; at least one).
+   */
+  listSnapshots(filter: string | SnapshotFilter, opts?: CallOptions & { limit?: number }): Promise<SnapshotList>;
   getSnapshot(snapshotId: string, opts?: CallOptions): Promise<Snapshot>;
   deleteSnapshot(snapshotId: string, opts?: CallOptions): Promise<SnapshotDeleted>;
   /**
@@ -143,6 +156,21 @@ export interface BridgeClient {
   uploadArchive(boxId: string, path: string, archive: Uint8Array | ReadableStream<Uint8Array>, opts?: CallOptions): Promise<ArchiveWritten>;
   /** An interactive terminal over WebSocket. */
   openTerminal(boxId: string, size?: { cols: number; rows: number }): Terminal;
+
+  // ---- the platform port's routes (issue 21, docs/platform.md) ----
+  /** Counts as activity for idle sleep; runs nothing in the box. */
+  keepalive(boxId: string, opts?: CallOptions): Promise<KeepAlive>;
+  /** Records the box's backup context (labels its later snapshots) and/or outbound context. */
+  setContext(boxId: string, req: SetContextRequest, opts?: CallOptions): Promise<BoxContext>;
+  /** Fills /mnt/memory/<store_name> from the store's objects (read-only: a read-only mount). */
+  mountMemoryStore(boxId: string, req: MountMemoryRequest, opts?: CallOptions): Promise<MemoryMount>;
+  /** Writes a read-write memory mount's files back to the store now (409 for a read-only one). */
+  syncMemoryStore(boxId: string, storeName: string, opts?: CallOptions): Promise<MemorySynced>;
+  /** Makes /mnt/session/outputs the session's outputs, readable through listSessionOutputs. */
+  mountSessionOutputs(boxId: string, req: MountOutputsRequest, opts?: CallOptions): Promise<OutputsMount>;
+  listSessionOutputs(sessionId: string, opts?: CallOptions): Promise<SessionOutputs>;
+  /** One output file's raw bytes (path relative to /mnt/session/outputs). */
+  readSessionOutput(sessionId: string, path: string, opts?: CallOptions): Promise<Uint8Array>;
 }
 
 export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
@@ -191,8 +219,11 @@ export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
       ),
     snapshot: (id, req = {}, opts) =>
       call({ operation: 'snapshot', method: 'POST', path: `${box(id)}/snapshots`, json: req, expect: 'json', timeoutMs: SNAPSHOT_TIMEOUT_MS }, opts),
-    listSnapshots: (sessionId, opts = {}) =>
-      call({ operation: 'list snapshots', method: 'GET', path: '/snapshots', query: { session_id: sessionId, limit: opts.limit }, expect: 'json' }, opts),
+    listSnapshots: (filter, opts = {}) => {
+      const f = typeof filter === 'string' ? { session_id: filter } : filter;
+      const query = { session_id: f.session_id, tenant_id: f.tenant_id, environment_id: f.environment_id, limit: opts.limit };
+      return call({ operation: 'list snapshots', method: 'GET', path: '/snapshots', query, expect: 'json' }, opts);
+    },
     getSnapshot: (snapshotId, opts) => get('get snapshot', `/snapshots/${encodeURIComponent(snapshotId)}`, opts),
     deleteSnapshot: (snapshotId, opts) =>
       call({ operation: 'delete snapshot', method: 'DELETE', path: `/snapshots/${encodeURIComponent(snapshotId)}`, expect: 'json' }, opts),
@@ -331,6 +362,31 @@ export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
       return (await response.json()) as ArchiveWritten;
     },
     openTerminal: (id, size = { cols: 80, rows: 24 }) => openTerminal(config, `${box(id)}/pty`, size),
+
+    keepalive: (id, opts) => call({ operation: 'keepalive', method: 'POST', path: `${box(id)}/keepalive`, expect: 'json' }, opts),
+    setContext: (id, req, opts) => call({ operation: 'set context', method: 'PUT', path: `${box(id)}/context`, json: req, expect: 'json' }, opts),
+    mountMemoryStore: (id, req, opts) =>
+      call({ operation: 'mount memory store', method: 'POST', path: `${box(id)}/mounts/memory`, json: req, expect: 'json', timeoutMs: SNAPSHOT_TIMEOUT_MS }, opts),
+    syncMemoryStore: (id, storeName, opts) =>
+      call(
+        { operation: 'sync memory store', method: 'POST', path: `${box(id)}/mounts/memory/${encodeURIComponent(storeName)}/sync`, expect: 'json', timeoutMs: SNAPSHOT_TIMEOUT_MS },
+        opts,
+      ),
+    mountSessionOutputs: (id, req, opts) => call({ operation: 'mount session outputs', method: 'POST', path: `${box(id)}/mounts/outputs`, json: req, expect: 'json' }, opts),
+    listSessionOutputs: (sessionId, opts) => get('list session outputs', `/sessions/${encodeURIComponent(sessionId)}/outputs`, opts),
+    async readSessionOutput(sessionId, path, opts = {}) {
+      // Each segment encoded on its own: the slashes are the route's, the rest is data.
+      const rest = path.replace(/^\/+/, '').split('/').map(encodeURIComponent).join('/');
+      const response = await openStream(config, {
+        operation: 'read session output',
+        method: 'GET',
+        path: `/sessions/${encodeURIComponent(sessionId)}/outputs/${rest}`,
+        accept: 'application/octet-stream',
+        timeoutMs: opts.timeoutMs ?? config.timeoutMs,
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      });
+      return responseBytes(response);
+    },
   };
 }
 

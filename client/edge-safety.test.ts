@@ -1,5 +1,6 @@
-// Proof that sandbox-bridge/client runs where only web-platform APIs exist (edge isolates):
-// 1. its import graph, from client/index.ts, holds only its own relative modules at runtime,
+// Proof that sandbox-bridge/client and sandbox-bridge/platform run where only web-platform APIs
+// exist (edge isolates):
+// 1. their import graphs, from client/index.ts and client/platform.ts, hold only its own relative modules at runtime,
 //    with no Node built-in, package, Buffer, process or require;
 // 2. compiled the way `npm run build` compiles it, it loads and drives a whole session inside a
 //    fresh V8 context whose only globals are fetch-like web APIs.
@@ -10,6 +11,7 @@ import { fileURLToPath } from 'node:url';
 import vm from 'node:vm';
 import ts from 'typescript';
 import type * as ClientApi from './index.js';
+import type * as PlatformApi from './platform.js';
 
 const CLIENT = dirname(fileURLToPath(import.meta.url));
 const ROOT = dirname(CLIENT);
@@ -70,10 +72,13 @@ function importsOf(file: string): Import[] {
   return found;
 }
 
-/** The runtime module graph from client/index.ts: file paths, and what each imports at runtime. */
+/** The package's entry points (package.json "exports"): ./client and ./platform. */
+const ENTRIES = [join(CLIENT, 'index.ts'), join(CLIENT, 'platform.ts')];
+
+/** The runtime module graph from the entry points: file paths, and what each imports at runtime. */
 function runtimeGraph(): Map<string, string[]> {
   const graph = new Map<string, string[]>();
-  const pending = [join(CLIENT, 'index.ts')];
+  const pending = [...ENTRIES];
   while (pending.length) {
     const file = pending.pop()!;
     if (graph.has(file)) continue;
@@ -89,7 +94,25 @@ describe('no Node built-ins in the client module graph', () => {
 
   test('the graph is the client modules, and nothing outside client/', () => {
     const files = [...graph.keys()].map((f) => relative(ROOT, f)).sort();
-    expect(files).toEqual(['client/base64.ts', 'client/client.ts', 'client/http.ts', 'client/index.ts', 'client/provider.ts', 'client/sandbox.ts', 'client/streams.ts']);
+    expect(files).toEqual([
+      'client/base64.ts',
+      'client/client.ts',
+      'client/http.ts',
+      'client/index.ts',
+      'client/platform-exec.ts',
+      'client/platform.ts',
+      'client/provider.ts',
+      'client/sandbox.ts',
+      'client/streams.ts',
+    ]);
+  });
+
+  test('package.json exports exactly these entry points, built from them', () => {
+    const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { exports: Record<string, { import: string; types: string }> };
+    expect(pkg.exports).toEqual({
+      './client': { types: './dist/client/index.d.ts', import: './dist/client/index.js' },
+      './platform': { types: './dist/client/platform.d.ts', import: './dist/client/platform.js' },
+    });
   });
 
   test('runtime imports are relative client modules only: no node:, built-in or package', () => {
@@ -134,6 +157,8 @@ describe('in a fresh context with only web-platform globals', () => {
     TextEncoder,
     TextDecoder,
     DOMException,
+    // Streams: downloads (readFileBytes), uploads and NDJSON output are read as web streams.
+    ReadableStream,
     // Web Crypto: the random Idempotency-Key of a create (crypto.randomUUID).
     crypto,
     setTimeout,
@@ -145,11 +170,11 @@ describe('in a fresh context with only web-platform globals', () => {
    * Compiles each module as the build does (isolatedModules; ESM, as NodeNext emits for this
    * "type": "module" package) and links them inside the context.
    */
-  async function loadClient(globals: Record<string, unknown>) {
+  async function loadModule(globals: Record<string, unknown>, entryFile: string) {
     const compilerOptions = ts.convertCompilerOptionsFromJson(ts.readConfigFile(join(ROOT, 'tsconfig.json'), ts.sys.readFile).config.compilerOptions, ROOT).options;
     const compiled = new Map<string, string>();
     const outside: string[] = [];
-    const pending = [join(CLIENT, 'index.ts')];
+    const pending = [entryFile];
     while (pending.length) {
       const file = pending.pop()!;
       if (compiled.has(file)) continue;
@@ -170,10 +195,20 @@ describe('in a fresh context with only web-platform globals', () => {
 
     const context = vm.createContext({ ...globals });
     const modules = new Map([...compiled].map(([file, js]) => [file, new vm.SourceTextModule(js, { context, identifier: file })]));
-    const entry = modules.get(join(CLIENT, 'index.ts'))!;
+    const entry = modules.get(entryFile)!;
     await entry.link((specifier, referencing) => modules.get(resolve(dirname(referencing.identifier), specifier.replace(/\.js$/, '.ts')))!);
     await entry.evaluate();
-    return { api: entry.namespace as typeof ClientApi, context };
+    return { namespace: entry.namespace, context };
+  }
+
+  async function loadClient(globals: Record<string, unknown>) {
+    const { namespace, context } = await loadModule(globals, join(CLIENT, 'index.ts'));
+    return { api: namespace as typeof ClientApi, context };
+  }
+
+  async function loadPlatform(globals: Record<string, unknown>) {
+    const { namespace, context } = await loadModule(globals, join(CLIENT, 'platform.ts'));
+    return { api: namespace as typeof PlatformApi, context };
   }
 
   test('the sandbox-free globals really are absent there', async () => {
@@ -236,6 +271,52 @@ describe('in a fresh context with only web-platform globals', () => {
       `GET /api/v1/boxes/${box}/files`,
       `POST /api/v1/boxes/${box}/env`,
       `GET /api/v1/boxes/${box}/status`,
+      `DELETE /api/v1/boxes/${box}`,
+    ]);
+  });
+
+  test('sandbox-bridge/platform loads there and drives the executor: exec string, files, process, env, destroy', async () => {
+    const seen: string[] = [];
+    const box = 'box-0123456789ab-1';
+    const reply = (body: unknown, status = 200) => new Response(JSON.stringify(body), { status, headers: { 'content-type': 'application/json' } });
+    const edgeFetch = async (input: string, init: RequestInit) => {
+      const url = new URL(input);
+      seen.push(`${init.method} ${url.pathname}`);
+      if (url.pathname === '/api/v1/sandboxes') return reply({ sandboxes: [], total: 0, namespace: 'sbx' });
+      if (url.pathname === '/api/v1/boxes') return reply({ box_id: box, status: 'Pending' }, 201);
+      if (url.pathname.endsWith('/exec')) return reply({ exit_code: 2, stdout: 'out\n', stderr: 'err\n', duration_ms: 1, timed_out: false, stdout_truncated: false, stderr_truncated: false });
+      if (url.pathname.endsWith('/files') && init.method === 'PUT') return reply({ path: `/workspace/${url.searchParams.get('path')}`, size: 4, encoding: 'base64' });
+      if (url.pathname.endsWith('/files')) return new Response(new Uint8Array([0, 255, 128, 7]), { status: 200, headers: { 'content-type': 'application/octet-stream' } });
+      if (url.pathname.endsWith('/processes')) return reply({ process_id: 'p-1', pid: 42, status: 'running', started_at: 'now', command: 'sleep 9' }, 201);
+      if (url.pathname.endsWith('/processes/p-1')) return reply({ process_id: 'p-1', pid: 42, status: 'exited', exit_code: 0, started_at: 'now', command: 'sleep 9' });
+      if (url.pathname.endsWith('/env')) return reply({ box_id: box, env_count: 1, updated_at: 'now' });
+      if (init.method === 'DELETE') return reply({ box_id: box, status: 'Terminated', deleted_at: 'now' });
+      return reply({ error: { type: 'not_found', message: 'no route' } }, 404);
+    };
+    const { api, context } = await loadPlatform({ ...WEB_GLOBALS, fetch: edgeFetch });
+    expect(vm.runInContext('[typeof process, typeof Buffer]', context)).toEqual(['undefined', 'undefined']);
+    expect(() => api.ClusterBridgeExecutor.fromEnv({ sessionId: 's' })).toThrow(/SANDBOX_PROVIDER is unset.*CLUSTER_BRIDGE_URL is unset/);
+
+    const executor = api.ClusterBridgeExecutor.fromEnv({
+      sessionId: 'edge-session',
+      env: { SANDBOX_PROVIDER: 'cluster-bridge', CLUSTER_BRIDGE_URL: 'https://bridge.example', CLUSTER_BRIDGE_TOKEN: 't' },
+    });
+    expect(await executor.exec('make')).toBe('out\nerr\n[exit 2]');
+    expect(await executor.writeFileBytes('b.bin', new Uint8Array([0, 255, 128, 7]))).toBe('/workspace/b.bin');
+    expect(Array.from(await executor.readFileBytes('b.bin'))).toEqual([0, 255, 128, 7]);
+    const handle = await executor.startProcess('sleep 9');
+    expect([handle.id, handle.pid, await handle.getStatus()]).toEqual(['p-1', 42, 'completed']);
+    await executor.setEnvVars({ A: '1' });
+    await executor.destroy();
+    expect(seen).toEqual([
+      'GET /api/v1/sandboxes',
+      'POST /api/v1/boxes',
+      `POST /api/v1/boxes/${box}/exec`,
+      `PUT /api/v1/boxes/${box}/files`,
+      `GET /api/v1/boxes/${box}/files`,
+      `POST /api/v1/boxes/${box}/processes`,
+      `GET /api/v1/boxes/${box}/processes/p-1`,
+      `POST /api/v1/boxes/${box}/env`,
       `DELETE /api/v1/boxes/${box}`,
     ]);
   });
