@@ -1,6 +1,6 @@
 // The pure logic of the platform port: the exec string, the command-secret prefix rule, the
 // process status mapping, timeouts, signals and the git command's data-only arguments.
-import { execTimeoutMs, formatExecOutput, GIT_CHECKOUT_COMMAND, gitCheckoutEnv, processStatus, secretsFor, startsWithWord } from './platform-exec.js';
+import { execTimeoutMs, formatExecOutput, GIT_CHECKOUT_COMMAND, gitCheckoutEnv, processStatus, secretsFor, startsWithWord, type CommandSecrets } from './platform-exec.js';
 import { capacityOf, signalOf } from './platform.js';
 
 const result = (r: Partial<Parameters<typeof formatExecOutput>[0]> = {}) => ({
@@ -73,7 +73,7 @@ describe('"starts with the prefix as a word"', () => {
   });
 
   test('secrets: only matching prefixes, the longer prefix winning a name', () => {
-    const registered = [
+    const registered: CommandSecrets[] = [
       { prefix: 'gh', secrets: { GH_TOKEN: 'short', OTHER: 'o' } },
       { prefix: 'gh api', secrets: { GH_TOKEN: 'long' } },
       { prefix: 'git', secrets: { GIT_TOKEN: 'g' } },
