@@ -17,6 +17,7 @@ import { boxRoutes } from './routes/boxes.js';
 import { clusterRoutes } from './routes/cluster.js';
 import { execRoutes } from './routes/exec.js';
 import { fileRoutes } from './routes/files.js';
+import { platformRoutes } from './routes/platform.js';
 import { snapshotRoutes } from './routes/snapshots.js';
 import type { BoxService } from './services/boxes.js';
 import type { ClusterService } from './services/cluster.js';
@@ -25,6 +26,8 @@ import type { ExecService } from './services/exec.js';
 import type { FileService } from './services/files.js';
 import type { ProcessService } from './services/processes.js';
 import type { SnapshotService } from './services/snapshots.js';
+import type { BoxContextService } from './services/box-context.js';
+import type { SessionOutputsService } from './services/session-outputs.js';
 
 export interface AppDeps {
   log: Logger;
@@ -38,6 +41,8 @@ export interface AppDeps {
   processes: ProcessService;
   files: FileService;
   snapshots: SnapshotService;
+  boxContext: BoxContextService;
+  sessionOutputs: SessionOutputsService;
   cluster: ClusterService;
   version: string;
   trustProxy: boolean | number | string;
@@ -108,6 +113,7 @@ export function createApp(deps: AppDeps): Express {
   });
   api.use('/boxes', boxRoutes(deps), execRoutes(deps), fileRoutes(deps));
   api.use(snapshotRoutes(deps));
+  api.use(platformRoutes(deps));
   api.use(clusterRoutes(deps.cluster));
   api.use(notFoundRoute);
 

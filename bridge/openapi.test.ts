@@ -112,7 +112,8 @@ function expressRoutes(app: ReturnType<typeof createApp>): string[] {
   const walk = (stack: Layer[], prefix: string) => {
     for (const layer of stack) {
       if (layer.route) {
-        const path = `${prefix}${layer.route.path}`.replace(/(.)\/$/, '$1').replace(/:(\w+)/g, '{$1}');
+        // :name is one segment, *name (a trailing wildcard) spans segments: both {name} in the document.
+        const path = `${prefix}${layer.route.path}`.replace(/(.)\/$/, '$1').replace(/[:*](\w+)/g, '{$1}');
         for (const method of Object.keys(layer.route.methods)) if (method !== '_all') found.push(`${method.toUpperCase()} ${path}`);
       } else if (layer.handle.stack) {
         walk(layer.handle.stack, layer.slash || typeof layer.rawPath !== 'string' ? prefix : `${prefix}${layer.rawPath}`);
@@ -137,4 +138,23 @@ test('the document lists exactly the routes the bridge serves', () => {
   // The WebSocket route is served by the upgrade handler, not Express.
   expect(upgrades.map((r) => `${r.method} ${r.path}`)).toEqual(['get /boxes/{id}/pty']);
   expect(PTY_PATH.test(`/api/v1${upgrades[0]!.path.replace('{id}', 'box-0123456789ab-0')}`)).toBe(true);
+});
+
+test('the platform port routes (issue 21): scopes, filters and the multi-segment output path', () => {
+  expect(doc.paths['/boxes/{id}/keepalive']!.post!.security).toEqual([{ bearer: ['boxes:write'] }]);
+  expect(doc.paths['/boxes/{id}/context']!.put!.security).toEqual([{ bearer: ['boxes:write'] }]);
+  expect(doc.paths['/boxes/{id}/mounts/outputs']!.post!.security).toEqual([{ bearer: ['boxes:write'] }]);
+  // Outputs are what box code wrote: contents, like files.
+  expect(doc.paths['/sessions/{sessionId}/outputs']!.get!.security).toEqual([{ bearer: ['boxes:contents'] }]);
+  expect(doc.paths['/sessions/{sessionId}/outputs/{path}']!.get!.security).toEqual([{ bearer: ['boxes:contents'] }]);
+  expect(doc.paths['/sessions/{sessionId}/outputs/{path}']!.get!.responses['200']).toMatchObject({ content: { 'application/octet-stream': expect.any(Object) } });
+  const list = doc.paths['/snapshots']!.get!.parameters!;
+  expect(list.map((p) => [p.name, p.required])).toEqual([
+    ['session_id', false],
+    ['tenant_id', false],
+    ['environment_id', false],
+    ['limit', false],
+  ]);
+  expect(doc.components.schemas.Snapshot).toMatchObject({ required: expect.arrayContaining(['context']) });
+  expect(doc.components.schemas.SetContextRequest).toMatchObject({ properties: { backup: { required: ['tenant_id', 'environment_id', 'session_id'] }, outbound: { required: ['tenant_id', 'session_id'] } } });
 });

@@ -62,12 +62,20 @@ export const CreateSnapshotRequest = z
   })
   .strict();
 
+const ContextId = z.string().min(1).max(1024);
+
 export const SnapshotsQuery = z
   .object({
-    session_id: z.string({ error: 'session_id is required' }).min(1).max(1024).describe('The session whose snapshots to list'),
+    session_id: ContextId.optional().describe(
+      "Alone: the snapshots of boxes of this session (the box's sessionId). With tenant_id: the backup context's session_id",
+    ),
+    tenant_id: ContextId.optional().describe('Snapshots whose backup context (PUT /boxes/{id}/context) has this tenant_id'),
+    environment_id: ContextId.optional().describe('With tenant_id: narrowed to this environment_id'),
     limit: z.coerce.number().int().min(1).max(100).default(100).describe('At most this many, newest first (1-100)'),
   })
-  .strict();
+  .strict()
+  .refine((q) => q.session_id !== undefined || q.tenant_id !== undefined, { message: 'give session_id, or tenant_id (optionally with environment_id and session_id)' })
+  .refine((q) => q.environment_id === undefined || q.tenant_id !== undefined, { message: 'environment_id needs tenant_id (environments are per tenant)', path: ['environment_id'] });
 
 export const DeleteBoxQuery = z
   .object({
@@ -222,6 +230,10 @@ export const Snapshot = z.object({
   image: z.string(),
   cpu: z.string(),
   memory: z.string(),
+  context: z
+    .object({ tenant_id: z.string(), environment_id: z.string(), session_id: z.string() })
+    .nullable()
+    .describe("The box's backup context when it was taken (PUT /boxes/{id}/context), or null"),
 });
 
 export const SnapshotList = z.object({ snapshots: z.array(Snapshot).describe('Newest first') });
@@ -395,6 +407,52 @@ export const PodMetricsList = z.object({
       window_seconds: z.number(),
     }),
   ),
+});
+
+// ---- the platform port (issue 21): keepalive, contexts, session outputs ----
+
+export const KeepaliveResult = z.object({
+  box_id: z.string(),
+  last_active_at: z.string().describe('RFC 3339: the activity now recorded; the box sleeps no earlier than this plus the pool\'s idle.sleepAfterSeconds'),
+});
+
+export const BackupContext = z
+  .object({ tenant_id: ContextId, environment_id: ContextId, session_id: ContextId })
+  .strict()
+  .describe("Labels every later snapshot of the box (API, idle sleep, final); GET /snapshots?tenant_id=&environment_id=&session_id= finds them");
+export const OutboundContext = z
+  .object({ tenant_id: ContextId, session_id: ContextId })
+  .strict()
+  .describe("Kept on the box's record for the egress gateway's credential lookups (issue 22); stored only until then");
+
+export const SetContextRequest = z
+  .object({ backup: BackupContext.optional(), outbound: OutboundContext.optional() })
+  .strict()
+  .refine((b) => b.backup !== undefined || b.outbound !== undefined, { message: 'give backup, outbound or both' });
+
+export const ContextSet = z.object({
+  box_id: z.string(),
+  backup: z.object({ tenant_id: z.string(), environment_id: z.string(), session_id: z.string() }).nullable(),
+  outbound: z.object({ tenant_id: z.string(), session_id: z.string() }).nullable(),
+});
+
+export const MountOutputsRequest = z.object({ tenant_id: ContextId, session_id: ContextId }).strict();
+
+export const OutputsMounted = z.object({
+  path: z.literal('/mnt/session/outputs'),
+  tenant_id: z.string(),
+  session_id: z.string(),
+});
+
+export const SessionParams = z.object({ sessionId: z.string().min(1).max(1024).describe('The session id given to POST /boxes/{id}/mounts/outputs') });
+export const SessionOutputParams = SessionParams.extend({
+  path: z.string().min(1).max(4096).describe('Path under /mnt/session/outputs/, its segments as they are (no ".", ".." or empty ones)'),
+});
+
+export const SessionOutputList = z.object({
+  session_id: z.string(),
+  source: z.enum(['box', 'store']).describe('box: read live from the running box; store: the copy uploaded when it last slept or was destroyed'),
+  files: z.array(z.object({ path: z.string().describe('Relative to /mnt/session/outputs/'), size: z.number().int(), modified_at: z.string() })),
 });
 
 /** GET /openapi.json: what a client relies on; the rest is OpenAPI 3.1. */

@@ -41,6 +41,8 @@ import { SnapshotStore } from './services/snapshot-store.js';
 import { BoxLeases } from '../common/box-lease.js';
 import { objectStoreFrom } from '../common/object-store.js';
 import { TerminalService } from './services/terminal.js';
+import { BoxContextService } from './services/box-context.js';
+import { SessionOutputsService } from './services/session-outputs.js';
 
 /** The package version: package.json is one level up from bridge/, two from dist/bridge/. */
 function packageVersion(): string {
@@ -184,6 +186,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       if (outcome === 'ok') metrics.wakeDuration.observe({ path }, seconds);
     },
     onFenced: (outcome) => metrics.fencesMet.inc({ outcome }),
+    restoreMounts: (woken, record): Promise<void> => sessionOutputs.restoreMounts(woken, record),
   });
   const exec = new ExecService({
     connector,
@@ -217,6 +220,8 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       metrics.snapshotBytes.inc({ operation }, bytes);
     },
   });
+  const boxContext = new BoxContextService({ connector, boxes, records });
+  const sessionOutputs: SessionOutputsService = new SessionOutputsService({ connector, boxes, records, boxd, store, policy, budget, log });
   if (!store) log.info('no object store configured (OBJECT_STORE_BUCKET): snapshot routes answer 501');
   const cluster = new ClusterService({
     core,
@@ -249,6 +254,8 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     processes,
     files,
     snapshots,
+    boxContext,
+    sessionOutputs,
     cluster,
     version: BRIDGE_VERSION,
     trustProxy: trustProxySetting(config.TRUST_PROXY),

@@ -113,13 +113,35 @@ export class BoxRecords {
     }
   }
 
+  /**
+   * Sets annotations on the box's record (a compare-and-swap, tried again after a concurrent
+   * change: a lease's writes survive ours, common/box-lease.ts). Resolves with the record as
+   * written; 404 when the box has no record (or it is being deleted).
+   */
+  async annotate(boxId: string, annotations: Record<string, string | null>): Promise<k8s.V1Secret> {
+    for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
+      const existing = await this.read(boxId);
+      if (!existing || existing.metadata?.deletionTimestamp || existing.metadata?.labels?.[LABELS.component] !== SECRET_COMPONENTS.record) {
+        throw new BridgeError('not_found', `box ${boxId} not found`);
+      }
+      const written = await this.swap(existing, { annotations });
+      if (written) return written;
+    }
+    throw new BridgeError('cluster_unavailable', `could not update box ${boxId}: too many concurrent updates; retry`, { headers: { 'Retry-After': '1' } });
+  }
+
   /** The box's durable env (for a snapshot), from the record the pod belongs to; never logged or returned by the API. */
   async readEnv(pod: k8s.V1Pod, boxId: string): Promise<Record<string, string>> {
+    return envOf(await this.readOwn(pod, boxId));
+  }
+
+  /** The record the pod belongs to (its owner, by UID), read now; 409 when it has none of its own. */
+  async readOwn(pod: k8s.V1Pod, boxId: string): Promise<k8s.V1Secret> {
     const existing = await this.read(boxId);
     if (!existing || existing.metadata?.uid !== recordOf(pod, boxId)) {
       throw new BridgeError('conflict', `box ${boxId} has no record of its own (it is being replaced or deleted); create a new box`);
     }
-    return envOf(existing);
+    return existing;
   }
 
   /**

@@ -61,6 +61,17 @@ export const ANNOTATIONS = {
   restoring: `${API_GROUP}/restoring`,
   /** On a Failed box's record: why. */
   failure: `${API_GROUP}/failure`,
+  /**
+   * On a box's record: the platform's backup context (JSON {tenant_id, environment_id,
+   * session_id}, common/box-context.ts); every later snapshot of the box carries it.
+   */
+  backupContext: `${API_GROUP}/backup-context`,
+  /** On a box's record: the outbound context (JSON {tenant_id, session_id}) for the egress gateway's credential lookups. */
+  outboundContext: `${API_GROUP}/outbound-context`,
+  /** On a box's record: the session whose outputs its /mnt/session/outputs holds (JSON {tenant_id, session_id}, common/session-outputs.ts). */
+  sessionOutputs: `${API_GROUP}/session-outputs`,
+  /** On a box's record: its mounted memory stores (JSON [{store_name, store_id, read_only}], common/memory-store.ts); a wake mounts them again. */
+  memoryMounts: `${API_GROUP}/memory-mounts`,
 } as const;
 
 /** app.kubernetes.io/component values of the Secrets boxes use. */

@@ -4,10 +4,12 @@
 // them before a box's pod goes. Both go through here, so both obey the same limits.
 import { createHash } from 'node:crypto';
 import { Transform, pipeline, type TransformCallback } from 'node:stream';
+import type { BackupContext } from './box-context.js';
 import type { BoxdClient, BoxdTarget } from './boxd-client.js';
 import type { EnvSealer } from './env-seal.js';
 import { BridgeError } from './errors.js';
 import type { ObjectStore } from './object-store.js';
+import { indexKey } from './snapshot-index.js';
 import { METADATA_OBJECT, WORKSPACE_OBJECT, newSnapshotId, snapshotKey, type SnapshotMetadata } from './snapshots.js';
 
 export const WORKSPACE = '/workspace';
@@ -28,6 +30,8 @@ export interface SnapshotRequest {
   expiresAt: Date;
   /** Data bytes and entries; boxd refuses a larger tree (413) before it sends a byte. */
   limits: { bytes: number; entries: number };
+  /** The box's backup context (its record's): kept in the metadata and indexed (common/snapshot-index.ts). */
+  context?: BackupContext | null | undefined;
 }
 
 /**
@@ -61,12 +65,16 @@ export async function takeSnapshot(r: SnapshotRequest): Promise<SnapshotMetadata
     size: meter.bytes,
     sha256: meter.digest(),
     limits: r.limits,
+    ...(r.context ? { context: r.context } : {}),
     env: r.sealer.seal(r.env, id.id),
   };
+  // The index marker before the metadata: every snapshot that exists is listed by its context.
+  const marker = r.context ? r.store.key(indexKey(r.pool, r.context, id.id)) : undefined;
   try {
+    if (marker) await r.store.putJson(marker, { snapshot_id: id.id });
     await r.store.putJson(r.store.key(snapshotKey(r.pool, id, METADATA_OBJECT)), metadata);
   } catch (err) {
-    await r.store.delete([workspaceKey]).catch(() => undefined);
+    await r.store.delete([workspaceKey, ...(marker ? [marker] : [])]).catch(() => undefined);
     throw err;
   }
   return metadata;

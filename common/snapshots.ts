@@ -9,6 +9,7 @@
 // hash, the creation time and the expiry, so "latest snapshot of a session" is one list request
 // and retention needs only key listings, never an object read.
 import { randomBytes } from 'node:crypto';
+import type { BackupContext } from './box-context.js';
 import { sessionHash } from './labels.js';
 
 export const WORKSPACE_OBJECT = 'workspace.tar.gz';
@@ -87,6 +88,8 @@ export interface SnapshotMetadata {
    * the pool's limits shrank since, so a snapshot taken is always restorable. Absent in older ones.
    */
   limits?: { bytes: number; entries: number };
+  /** The box's backup context when the snapshot was taken (common/box-context.ts); absent: none. */
+  context?: BackupContext;
   env: SealedEnv;
 }
 

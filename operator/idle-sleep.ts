@@ -9,6 +9,7 @@
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import { BoxLeases, LeaseKeeper, leaseExpiry, stateOf, type Held } from '../common/box-lease.js';
+import { backupContextOf } from '../common/box-context.js';
 import { sleptBoxFromPod, sleptBoxOf } from '../common/box-pod.js';
 import { BoxRecords, envOf } from '../common/box-records.js';
 import { BOXD_NONCE_ANNOTATION, boxdToken } from '../common/boxd.js';
@@ -22,6 +23,7 @@ import type { SandboxPool } from '../common/pool.js';
 import { parseQuantity } from '../common/quantity.js';
 import { METADATA_OBJECT, WORKSPACE_OBJECT, parseSnapshotId, snapshotKey } from '../common/snapshots.js';
 import { snapshotLimits, takeSnapshot } from '../common/snapshot-writer.js';
+import { outputsMountOf, uploadOutputs } from '../common/session-outputs.js';
 import type { EventRecorder } from './events.js';
 import type { OperatorMetrics } from './metrics.js';
 import type { Lister, ReconcileResult } from './pool-reconciler.js';
@@ -153,6 +155,9 @@ export class IdleSleepReconciler {
       const boxExpiry = Date.parse(slept.expiresAt);
       const retention = pool.spec.snapshots.retentionSeconds * 1000;
       const createdAt = new Date(this.now());
+      // The session's outputs (outside /workspace) to the store first: a failed copy keeps the box awake.
+      const outputs = outputsMountOf(held.record);
+      if (outputs) await uploadOutputs({ boxd: this.o.boxd, target, store: this.o.store, pool: pool.metadata.name, boxId, mount: outputs, signal, now: createdAt });
       const metadata = await takeSnapshot({
         boxd: this.o.boxd,
         target,
@@ -163,6 +168,7 @@ export class IdleSleepReconciler {
         box: { box_id: boxId, session_id: pod.metadata?.annotations?.[ANNOTATIONS.sessionId] ?? '', image: slept.image, cpu: slept.cpu, memory: slept.memory },
         // The record as the lease's compare-and-swap answered it: data and all.
         env: envOf(held.record),
+        context: backupContextOf(held.record),
         name: 'idle-sleep',
         createdAt,
         // Lives as long as the box, whatever the retention (docs/lifecycle.md).

@@ -22,6 +22,7 @@ import type { ObjectStore } from '../common/object-store.js';
 import type { SandboxPool } from '../common/pool.js';
 import { METADATA_OBJECT, parseSnapshotId, poolPrefix, snapshotDeadline } from '../common/snapshots.js';
 import type { EventRecorder } from './events.js';
+import { sweepPlatformObjects } from './platform-retention.js';
 import type { OperatorMetrics } from './metrics.js';
 import type { Lister, ReconcileResult } from './pool-reconciler.js';
 
@@ -164,6 +165,17 @@ export class SnapshotRetentionReconciler {
         this.o.log.info({ pool: name, kept: plan.kept, deferred: plan.deferred }, 'kept snapshots due for deletion: named by sleeping boxes (kept), or written within the grace (deferred)');
       }
       if (plan.deletes.length) await store.delete(plan.deletes.map((k) => prefix + k));
+      const deleted = new Set(plan.deletes);
+      const swept = await sweepPlatformObjects({
+        store,
+        pool: name,
+        stored: new Set(objects.filter((o) => !deleted.has(o.key)).map((o) => o.key.split('/')[1] ?? '')),
+        retentionSeconds: pool.spec.snapshots?.retentionSeconds ?? 604_800,
+        now,
+        graceMs: this.o.incompleteGraceMs,
+        records: this.o.secrets.list(pool.spec.namespace),
+      });
+      if (swept.markers || swept.outputSessions) this.o.log.info({ pool: name, ...swept }, 'deleted index markers of gone snapshots and session outputs past retention');
       // Multipart uploads a failed bridge never completed nor aborted still hold their parts.
       let aborted = 0;
       for await (const u of store.listUploads(prefix)) {

@@ -23,6 +23,8 @@ export function requiredScope(method: string, path: string): Scope | undefined {
     if (!read || path.endsWith('/pty')) return 'boxes:write';
     return CONTENTS.some((re) => re.test(path)) ? 'boxes:contents' : 'boxes:read';
   }
+  // A session's outputs are files box code wrote: contents (never a wake, services/session-outputs.ts).
+  if (/^\/sessions\/[^/]+\/outputs(\/.*)?$/.test(path)) return read ? 'boxes:contents' : 'admin';
   if (path.startsWith('/cluster/')) return read ? 'cluster:read' : 'admin';
   if (path === '/sandboxes' || path.startsWith('/sandboxes/')) return read ? 'sandboxes:read' : 'admin';
   return 'admin';

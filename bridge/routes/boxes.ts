@@ -5,10 +5,11 @@ import { BridgeError } from '../../common/errors.js';
 import { CreateBoxRequest, DeleteBoxQuery, IDEMPOTENCY_KEY, SetEnvRequest } from '../schemas.js';
 import type { BoxService } from '../services/boxes.js';
 import type { EnvService } from '../services/env.js';
+import type { SessionOutputsService } from '../services/session-outputs.js';
 import type { SnapshotService } from '../services/snapshots.js';
 import { boxIdParam, parse } from '../http/parse.js';
 
-export function boxRoutes(deps: { boxes: BoxService; env: EnvService; snapshots: SnapshotService }): Router {
+export function boxRoutes(deps: { boxes: BoxService; env: EnvService; snapshots: SnapshotService; sessionOutputs: SessionOutputsService }): Router {
   const { boxes, env, snapshots } = deps;
   const router = Router();
   const json = express.json({ limit: '1mb', strict: true });
@@ -26,6 +27,7 @@ export function boxRoutes(deps: { boxes: BoxService; env: EnvService; snapshots:
 
   router.delete('/:id', async (req, res) => {
     const { snapshot } = parse(DeleteBoxQuery, req.query);
+    await deps.sessionOutputs.beforeDelete(boxIdParam(req)); // its outputs copied to the store first
     res.json((snapshot ?? snapshots.snapshotOnDelete()) ? await snapshots.deleteWithSnapshot(boxIdParam(req)) : await boxes.delete(boxIdParam(req)));
   });
 

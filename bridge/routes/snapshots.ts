@@ -16,7 +16,13 @@ export function snapshotRoutes(deps: { snapshots: SnapshotService }): Router {
 
   router.get('/snapshots', async (req, res) => {
     const q = parse(SnapshotsQuery, req.query);
-    res.json(await snapshots.list(q.session_id, q.limit));
+    res.json(
+      await snapshots.list(
+        q.tenant_id !== undefined
+          ? { tenant_id: q.tenant_id, environment_id: q.environment_id, session_id: q.session_id, limit: q.limit }
+          : { session_id: q.session_id!, limit: q.limit },
+      ),
+    );
   });
 
   router.get('/snapshots/:id', async (req, res) => {

@@ -48,6 +48,11 @@ export interface BoxConnectorDeps {
   log: Logger;
   onWoken?: (path: CreatePath | 'none', outcome: 'ok' | 'error' | 'failed', seconds: number) => void;
   onFenced?: (outcome: 'aborted' | 'slept' | 'taken_over') => void;
+  /**
+   * Refills what a box keeps outside /workspace (session outputs, services/session-outputs.ts)
+   * into a woken pod, after its workspace and before the wake commits it; a failure fails the wake.
+   */
+  restoreMounts?: (call: BoxCall, record: k8s.V1Secret) => Promise<void>;
   now?: () => number;
 }
 
@@ -279,6 +284,14 @@ export class BoxConnector {
     await this.writeActivity(pod).catch((err: unknown) => this.deps.log.debug({ err, box: pod.metadata?.name }, 'could not record box activity'));
   }
 
+  /**
+   * A keepalive (services/box-context.ts): writes the box's activity now, however recently this
+   * replica wrote it. The pod as written; undefined when it is gone.
+   */
+  markActive(pod: k8s.V1Pod): Promise<k8s.V1Pod | undefined> {
+    return this.writeActivity(pod);
+  }
+
   /** Writes the pod's last-active now; answers the pod as the API server has it after the write (undefined: gone). */
   private async writeActivity(pod: k8s.V1Pod): Promise<k8s.V1Pod | undefined> {
     const now = this.now();
@@ -423,7 +436,15 @@ export class BoxConnector {
       const revived = await this.deps.boxes.revive(session, shapeOfSlept(slept), envOf(record), nonce);
       made = revived.pod;
       path = revived.path;
-      await this.run(made, (call) => this.deps.snapshots.restoreInto({ ...call, signal: AbortSignal.any([call.signal, keeper.signal]) }, metadata), keeper.signal);
+      await this.run(
+        made,
+        async (call) => {
+          const held = { ...call, signal: AbortSignal.any([call.signal, keeper.signal]) };
+          await this.deps.snapshots.restoreInto(held, metadata);
+          await this.deps.restoreMounts?.(held, record);
+        },
+        keeper.signal,
+      );
       // The commit: the pod is served from now on, through every replica. Only while this wake
       // still holds the lease (a renewal), so a waker taken over never commits its pod.
       if (!(await keeper.update({}))) throw new BridgeError('cluster_unavailable', `box ${boxId} was taken over while it woke; retry`, { headers: { 'Retry-After': '1' } });

@@ -3,9 +3,12 @@
 // store under the layout of common/snapshots.ts. Restore = fork: a new box gets the workspace and
 // env. A delete with a final snapshot deletes the box only once the snapshot is stored.
 // Free of Express types.
+import { backupContextOf, type BackupContext } from '../../common/box-context.js';
+import { envOf } from '../../common/box-records.js';
 import { sessionHash } from '../../common/labels.js';
 import { parseQuantity } from '../../common/quantity.js';
 import { METADATA_OBJECT, parseSnapshotId, sessionPrefix, snapshotKey, type SnapshotId, type SnapshotMetadata } from '../../common/snapshots.js';
+import { contextMatches, indexKey, indexQuery, indexedSnapshot, type ContextFilter } from '../../common/snapshot-index.js';
 import { snapshotLimits, takeSnapshot } from '../../common/snapshot-writer.js';
 import { boxStatus } from '../box-view.js';
 import type { BoxdClient } from '../../common/boxd-client.js';
@@ -28,7 +31,7 @@ export interface SnapshotServiceDeps {
   snapshots: SnapshotStore;
   boxes: Pick<BoxService, 'create' | 'delete'>;
   env: Pick<EnvService, 'merge'>;
-  records: Pick<BoxRecords, 'readEnv'>;
+  records: Pick<BoxRecords, 'readOwn'>;
   policy: PolicySource;
   onDone?: (operation: 'create', outcome: 'ok' | 'error', seconds: number, bytes: number) => void;
   now?: () => Date;
@@ -46,7 +49,12 @@ export interface SnapshotView {
   image: string;
   cpu: string;
   memory: string;
+  /** The box's backup context when it was taken (PUT /boxes/{id}/context), or null. */
+  context: BackupContext | null;
 }
+
+/** GET /snapshots: a box session's snapshots, or those of a backup context (a tenant, narrowed by environment and/or session). */
+export type SnapshotQuery = { limit: number } & ({ tenant_id?: undefined; session_id: string } | ContextFilter);
 
 export class SnapshotService {
   private readonly now: () => Date;
@@ -67,8 +75,8 @@ export class SnapshotService {
         const createdAt = this.now();
         // A request may ask for a shorter life than the pool's retention, never a longer one.
         const ttl = Math.min(req.ttlSeconds ?? spec.snapshots.retentionSeconds, spec.snapshots.retentionSeconds);
-        // The env first: a box without its record fails before any byte moves.
-        const env = await this.deps.records.readEnv(pod, boxId);
+        // The record first (env, backup context): a box without its record fails before any byte moves.
+        const record = await this.deps.records.readOwn(pod, boxId);
         const metadata = await takeSnapshot({
           boxd: this.deps.boxd,
           target,
@@ -77,7 +85,8 @@ export class SnapshotService {
           sealer,
           pool: this.pool,
           box: { box_id: box.box_id, session_id: box.session_id, image: box.image, cpu: box.cpu, memory: box.memory },
-          env,
+          env: envOf(record),
+          context: backupContextOf(record),
           name: req.name,
           createdAt,
           expiresAt: new Date(createdAt.getTime() + ttl * 1000),
@@ -94,29 +103,38 @@ export class SnapshotService {
     }
   }
 
-  /** The session's snapshots, newest first. */
-  async list(sessionId: string, limit: number): Promise<{ snapshots: SnapshotView[] }> {
+  /**
+   * Snapshots newest first: a box session's (its key prefix), or a backup context's (its index,
+   * common/snapshot-index.ts): either way one listing of exactly the keys wanted, then the
+   * metadata of at most `limit` of them.
+   */
+  async list(q: SnapshotQuery): Promise<{ snapshots: SnapshotView[] }> {
     const { store } = this.configured();
     const ids: SnapshotId[] = [];
-    for await (const o of store.list(store.key(sessionPrefix(this.pool, sessionHash(sessionId))))) {
-      if (!o.key.endsWith(`/${METADATA_OBJECT}`)) continue;
-      const id = parseSnapshotId(o.key.split('/').at(-2) ?? '');
-      if (id) ids.push(id);
+    if (q.tenant_id === undefined) {
+      for await (const o of store.list(store.key(sessionPrefix(this.pool, sessionHash(q.session_id))))) {
+        if (!o.key.endsWith(`/${METADATA_OBJECT}`)) continue;
+        const id = parseSnapshotId(o.key.split('/').at(-2) ?? '');
+        if (id) ids.push(id);
+      }
+    } else {
+      const query = indexQuery(this.pool, q);
+      for await (const o of store.list(store.key(query.prefix))) {
+        const id = indexedSnapshot(o.key, query);
+        if (id) ids.push(id);
+      }
     }
     ids.sort((a, b) => b.createdAt.getTime() - a.createdAt.getTime() || b.id.localeCompare(a.id));
-    const wanted = ids.slice(0, limit);
-    const found: Array<SnapshotView | undefined> = new Array(wanted.length);
-    let next = 0;
-    const worker = async () => {
-      while (next < wanted.length) {
-        const i = next++;
-        const metadata = await store.getJson<SnapshotMetadata>(store.key(snapshotKey(this.pool, wanted[i]!, METADATA_OBJECT)));
-        // Deleted between the listing and the read: simply not listed.
-        found[i] = metadata && metadata.session_id === sessionId ? view(metadata) : undefined;
-      }
-    };
-    await Promise.all(Array.from({ length: Math.min(LIST_CONCURRENCY, wanted.length) }, worker));
-    return { snapshots: found.filter((s): s is SnapshotView => s !== undefined) };
+    const wanted = (m: SnapshotMetadata) => (q.tenant_id === undefined ? m.session_id === q.session_id : contextMatches(m.context, q));
+    // Markers whose snapshot is gone (deleted, never completed) are skipped: read on until `limit` are found.
+    const found: SnapshotView[] = [];
+    for (let at = 0; at < ids.length && found.length < q.limit; at += LIST_CONCURRENCY) {
+      const batch = await Promise.all(
+        ids.slice(at, at + LIST_CONCURRENCY).map((id) => store.getJson<SnapshotMetadata>(store.key(snapshotKey(this.pool, id, METADATA_OBJECT)))),
+      );
+      for (const m of batch) if (m && found.length < q.limit && wanted(m)) found.push(view(m));
+    }
+    return { snapshots: found };
   }
 
   async get(snapshotId: string): Promise<SnapshotView> {
@@ -124,8 +142,10 @@ export class SnapshotService {
   }
 
   async delete(snapshotId: string): Promise<{ snapshot_id: string; deleted: true }> {
-    await this.metadata(snapshotId); // 400 / 404 first
+    const metadata = await this.metadata(snapshotId); // 400 / 404 first
     await this.discard(snapshotId);
+    // Its index marker after it (retention removes one left by a failure here).
+    if (metadata.context) await this.configured().store.delete([this.configured().store.key(indexKey(this.pool, metadata.context, snapshotId))]).catch(() => undefined);
     return { snapshot_id: snapshotId, deleted: true };
   }
 
@@ -206,5 +226,6 @@ function view(m: SnapshotMetadata): SnapshotView {
     image: m.image,
     cpu: m.cpu,
     memory: m.memory,
+    context: m.context ?? null,
   };
 }

@@ -17,7 +17,8 @@ export class ContractError extends Error {
 const MATCHERS = API_ROUTES.map((route) => ({
   route,
   params: (route.path.match(/\{/g) ?? []).length,
-  regex: new RegExp(`^${route.path.replace(/[.]/g, '\\.').replace(/\{[^}]+\}/g, '[^/]+')}$`),
+  // A trailing {path} spans segments (GET /sessions/{sessionId}/outputs/{path}); other parameters are one each.
+  regex: new RegExp(`^${route.path.replace(/[.]/g, '\\.').replace(/\{path\}$/, '.+').replace(/\{[^}]+\}/g, '[^/]+')}$`),
 })).sort((a, b) => a.params - b.params);
 
 /** The route of the table that serves `method path` (path under /api/v1, query allowed). */
