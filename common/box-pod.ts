@@ -5,6 +5,7 @@ import { createHash } from 'node:crypto';
 import type { V1ObjectMeta, V1OwnerReference, V1Pod, V1Secret, V1SecurityContext } from '@kubernetes/client-node';
 import { BOXD_BINARY, BOXD_BIN_DIR, BOXD_NONCE_ANNOTATION, BOXD_PORT, BOXD_PROTOCOL_VERSION, BOXD_SECRET_DIR, BOXD_VERSION_ANNOTATION, BOX_SECRET_KEYS } from './boxd.js';
 import { ANNOTATIONS, LABELS, MANAGED_BY, sessionHash } from './labels.js';
+import { memoryPodParts } from './memory-store.js';
 import type { BoxPolicy, SandboxPoolSpec } from './pool.js';
 import { formatCpu, formatMemory, parseQuantity } from './quantity.js';
 
@@ -57,6 +58,8 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
   const memory = formatMemory(p.shape.memoryBytes);
   // The init container gets the box's own resources, so it changes neither scheduling nor quota.
   const resources = { requests: { cpu, memory }, limits: { cpu, memory } };
+  // Memory stores (docs/mounts.md): a sidecar and two volumes, when the pool has them on.
+  const mem = memoryPodParts(p.box.memoryStores, p.boxdImage, 'box-secret', LOCKED_DOWN);
   return {
     apiVersion: 'v1',
     kind: 'Pod',
@@ -100,6 +103,7 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
           securityContext: LOCKED_DOWN,
           volumeMounts: [{ name: 'boxd', mountPath: BOXD_BIN_DIR }],
         },
+        ...(mem ? [mem.sidecar] : []),
       ],
       containers: [
         {
@@ -118,6 +122,7 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
             { name: 'outputs', mountPath: SESSION_OUTPUTS_DIR },
             { name: 'boxd', mountPath: BOXD_BIN_DIR, readOnly: true },
             { name: 'box-secret', mountPath: BOXD_SECRET_DIR, readOnly: true },
+            ...(mem?.boxMounts ?? []),
           ],
         },
       ],
@@ -138,6 +143,7 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
             ],
           },
         },
+        ...(mem?.volumes ?? []),
       ],
     },
   };
@@ -226,6 +232,7 @@ export function warmTemplateHash(spec: SandboxPoolSpec, boxdImage: string): stri
     tmp: box.tmpSizeLimit,
     // The volumes a box has beyond its policy's (warm pods of an older layout are replaced).
     layout: [SESSION_OUTPUTS_DIR, SESSION_OUTPUTS_SIZE_LIMIT],
+    memoryStores: box.memoryStores?.enabled ? box.memoryStores.sizeLimit : null,
     nodeSelector: box.nodeSelector ?? null,
     tolerations: box.tolerations ?? null,
     boxdImage,

@@ -59,6 +59,7 @@ test("the chart's values seed the default pool with POOL_DEFAULTS", () => {
     'box.maxCpu': box.maxCpu,
     'box.defaultMemory': box.defaultMemory,
     'box.maxMemory': box.maxMemory,
+    'box.memoryStores.enabled': (box.memoryStores as Record<string, unknown>).enabled,
     allowedImages: pool.allowedImages,
     allowedRuntimeClassNames: pool.allowedRuntimeClassNames,
     allowedServiceAccountNames: pool.allowedServiceAccountNames,
@@ -75,11 +76,11 @@ test("the chart's values seed the default pool with POOL_DEFAULTS", () => {
     'idle.sleepAfterSeconds': (pool.idle as Record<string, unknown>).sleepAfterSeconds,
   };
   // The chart leaves these to the CRD's defaults, or (the bridge) sets them from the release.
-  const notSeeded = ['box.workspaceSizeLimit', 'box.tmpSizeLimit', 'bridge.namespace', 'bridge.podLabels', 'bridge.operatorPodLabels'];
+  const notSeeded = ['box.workspaceSizeLimit', 'box.tmpSizeLimit', 'box.memoryStores.sizeLimit', 'bridge.namespace', 'bridge.podLabels', 'bridge.operatorPodLabels'];
   expect([...Object.keys(seeded), ...notSeeded].sort()).toEqual([...defaults.keys()].sort());
   for (const [path, value] of Object.entries(seeded)) expect({ path, value }).toEqual({ path, value: defaults.get(path) });
   const template = readFileSync(join(CHART, 'templates/sandboxpool.yaml'), 'utf8');
-  for (const field of notSeeded.filter((f) => f.startsWith('box.'))) expect(template).not.toContain(field.split('.')[1]);
+  for (const field of notSeeded.filter((f) => f.startsWith('box.'))) expect(template).not.toContain(field.split('.').at(-1));
 });
 
 test('the default image is fully qualified and is not the locally built test image', () => {

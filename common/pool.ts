@@ -27,6 +27,8 @@ export interface BoxPolicy {
   /** emptyDir size limits for /workspace and /tmp. */
   workspaceSizeLimit: string;
   tmpSizeLimit: string;
+  /** The memory-store sidecar (docs/mounts.md); off by default. */
+  memoryStores: MemoryStorePolicy;
   /** Where boxes may run; e.g. a dedicated node pool. */
   nodeSelector?: Record<string, string>;
   tolerations?: V1Toleration[];
@@ -95,6 +97,18 @@ export interface SnapshotPolicy {
   maxBytes?: string;
   /** The most entries (files, directories, links) a snapshot may hold, and a restore write. */
   maxEntries: number;
+}
+
+/**
+ * Memory stores (docs/mounts.md): a sidecar in every box pod of the pool (boxd's mounts mode)
+ * fills /mnt/memory, which the box mounts read-only, from the object store. Off by default: it
+ * costs every box of the pool a container, its memory and a little start time, whether a store
+ * is ever mounted or not. Takes effect for pods made after the change (warm pods are replaced).
+ */
+export interface MemoryStorePolicy {
+  enabled: boolean;
+  /** emptyDir size limit of each of the two memory volumes (read-only stores; read-write stores). */
+  sizeLimit: string;
 }
 
 /** Idle sleep (docs/snapshots.md "Idle sleep"): needs an object store. */
@@ -174,6 +188,7 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
     maxMemory: '4Gi',
     workspaceSizeLimit: '1Gi',
     tmpSizeLimit: '256Mi',
+    memoryStores: { enabled: false, sizeLimit: '256Mi' },
   },
   allowedImages: [],
   allowedRuntimeClassNames: [],
@@ -212,20 +227,21 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
 };
 
 /** A spec with every field the CRD defaults filled in. */
-export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge' | 'snapshots' | 'warm' | 'idle'>> & {
+export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge' | 'snapshots' | 'warm' | 'idle' | 'box'>> & {
   namespace: string;
   egress?: Partial<Omit<EgressPolicy, 'dns'>> & { dns?: Partial<DnsPeers> };
   bridge?: Partial<BridgePeers>;
   snapshots?: Partial<SnapshotPolicy>;
   warm?: Partial<WarmPolicy>;
   idle?: Partial<IdlePolicy>;
+  box?: Partial<Omit<BoxPolicy, 'memoryStores'>> & { memoryStores?: Partial<MemoryStorePolicy> };
 };
 
 export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
   return {
     ...POOL_DEFAULTS,
     ...spec,
-    box: { ...POOL_DEFAULTS.box, ...spec.box },
+    box: { ...POOL_DEFAULTS.box, ...spec.box, memoryStores: { ...POOL_DEFAULTS.box.memoryStores, ...spec.box?.memoryStores } },
     egress: { ...POOL_DEFAULTS.egress, ...spec.egress, dns: { ...POOL_DEFAULTS.egress.dns, ...spec.egress?.dns } },
     bridge: { ...POOL_DEFAULTS.bridge, ...spec.bridge },
     snapshots: { ...POOL_DEFAULTS.snapshots, ...spec.snapshots },

@@ -1,5 +1,6 @@
 import type * as k8s from '@kubernetes/client-node';
 import { BOXD_PORT } from '../common/boxd.js';
+import { BOXD_MOUNTS_PORT } from '../common/memory-store.js';
 import { POOL_DEFAULTS, type SandboxPool } from '../common/pool.js';
 import {
   APPLIED_HASH_ANNOTATION,
@@ -57,6 +58,15 @@ test('limit range matches the box maxima and defaults', () => {
       },
     ],
   });
+});
+
+test('network policy: a pool with memory stores admits the same peers to the sidecar port too, and only then', () => {
+  const on = desiredNetworkPolicy(pool({ box: { ...POOL_DEFAULTS.box, memoryStores: { enabled: true, sizeLimit: '64Mi' } } }));
+  expect((on.spec as k8s.V1NetworkPolicySpec).ingress?.[0]?.ports).toEqual([
+    { protocol: 'TCP', port: BOXD_PORT },
+    { protocol: 'TCP', port: BOXD_MOUNTS_PORT },
+  ]);
+  expect((desiredNetworkPolicy(pool()).spec as k8s.V1NetworkPolicySpec).ingress?.[0]?.ports).toEqual([{ protocol: 'TCP', port: BOXD_PORT }]);
 });
 
 test('network policy: ingress only from the bridge and operator pods to boxd; egress DNS on 53 plus allowed-minus-denied', () => {

@@ -5,6 +5,7 @@
 import { createHash } from 'node:crypto';
 import type * as k8s from '@kubernetes/client-node';
 import { BOXD_PORT } from '../common/boxd.js';
+import { BOXD_MOUNTS_PORT } from '../common/memory-store.js';
 import { LABELS, MANAGED_BY, API_GROUP } from '../common/labels.js';
 import { POOL_API_VERSION, POOL_KIND, type SandboxPool } from '../common/pool.js';
 import { sameQuantity } from '../common/quantity.js';
@@ -103,7 +104,7 @@ const NAMESPACE_NAME_LABEL = 'kubernetes.io/metadata.name';
 
 /**
  * Every pod in the (dedicated) sandbox namespace. Ingress: only the bridge and operator pods,
- * only to boxd's port. Egress: cluster DNS on port 53 (the DNS pods, and node-local caches by address), and the
+ * only to boxd's port (and the memory-store sidecar's, when the pool has memory stores). Egress: cluster DNS on port 53 (the DNS pods, and node-local caches by address), and the
  * allowed CIDRs as the denied ones narrow them. Traffic from the node itself (kubelet probes, a
  * bridge running on the node) is not subject to NetworkPolicy in the enforcers we know.
  */
@@ -141,7 +142,8 @@ export function desiredNetworkPolicy(pool: SandboxPool): Child {
           podSelector: { matchLabels: bridge.operatorPodLabels },
         },
       ],
-      ports: [{ protocol: 'TCP', port: BOXD_PORT }],
+      // And to the memory-store sidecar's, when the pool has one (docs/mounts.md; the operator syncs before a sleep).
+      ports: [{ protocol: 'TCP', port: BOXD_PORT }, ...(pool.spec.box.memoryStores?.enabled ? [{ protocol: 'TCP', port: BOXD_MOUNTS_PORT }] : [])],
     },
   ];
   return withHash({

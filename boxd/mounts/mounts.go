@@ -324,6 +324,8 @@ func replace(base, from, to string) error {
 type fileEntry struct {
 	Path string `json:"path"`
 	Size int64  `json:"size"`
+	// MTime (Unix nanoseconds) with Size tells the bridge which files changed since its last sync.
+	MTime int64 `json:"mtime"`
 }
 
 // list names the regular files of a read-write store (symlinks and other kinds are not store files).
@@ -354,7 +356,7 @@ func (s *server) list(w http.ResponseWriter, r *http.Request) {
 		if len(files) >= s.MaxFiles {
 			return errs.TooLarge("store %s has more than %d files", name, s.MaxFiles)
 		}
-		files = append(files, fileEntry{Path: p, Size: fi.Size()})
+		files = append(files, fileEntry{Path: p, Size: fi.Size(), MTime: fi.ModTime().UnixNano()})
 		return nil
 	})
 	if err != nil {

@@ -1,0 +1,74 @@
+import { buildBoxPod } from './box-pod.js';
+import { ANNOTATIONS } from './labels.js';
+import { BOXD_MOUNTS_PORT, isStoreName, isStorePath, memoryMountsOf, mountStep, syncPlan, withMount, type MemoryMount } from './memory-store.js';
+import { POOL_DEFAULTS } from './pool.js';
+
+test('store names and file paths: one clean component / a clean relative path', () => {
+  for (const ok of ['notes', 'a.b_c-1', 'X'.repeat(128)]) expect(isStoreName(ok)).toBe(true);
+  for (const bad of ['', '.hidden', '-x', 'a/b', 'a..b', 'X'.repeat(129), 'sp ace']) expect(isStoreName(bad)).toBe(false);
+  for (const ok of ['a.md', 'dir/sub/file', 'ünï côde.txt']) expect(isStorePath(ok)).toBe(true);
+  for (const bad of ['', '/abs', 'a//b', 'dir/', './a', 'a/../b', '..', 'a\0b']) expect(isStorePath(bad)).toBe(false);
+});
+
+test("the record's mount list: parsed defensively, one mount per name", () => {
+  const rec = (v: string) => ({ metadata: { annotations: { [ANNOTATIONS.memoryMounts]: v } } });
+  const m: MemoryMount = { store_name: 'notes', store_id: 'st_1', read_only: true };
+  expect(memoryMountsOf(rec(JSON.stringify([m, { store_name: '../x', store_id: 's', read_only: true }, { store_name: 'y' }])))).toEqual([m]);
+  expect(memoryMountsOf(rec('not json'))).toEqual([]);
+  expect(memoryMountsOf(undefined)).toEqual([]);
+  const rw = { store_name: 'notes', store_id: 'st_1', read_only: false };
+  expect(withMount([m, { ...m, store_name: 'other' }], rw)).toEqual([{ ...m, store_name: 'other' }, rw]);
+});
+
+test('a mount under a name already mounted: the same store the same way, or a conflict', () => {
+  const m: MemoryMount = { store_name: 'notes', store_id: 'st_1', read_only: true };
+  expect(mountStep([], m)).toBe('new');
+  expect(mountStep([m], { ...m })).toBe('same');
+  expect(mountStep([m], { ...m, read_only: false })).toBe('conflict');
+  expect(mountStep([m], { ...m, store_id: 'st_2' })).toBe('conflict');
+});
+
+test('a sync puts what changed since the last one and deletes only what the box saw and removed', () => {
+  const base = { 'kept.md': '3:100', 'changed.md': '3:100', 'removed.md': '1:1' };
+  const now = [
+    { path: 'kept.md', size: 3, mtime: 100 },
+    { path: 'changed.md', size: 3, mtime: 200 },
+    { path: 'new/file.md', size: 9, mtime: 300 },
+    { path: 'bad//name', size: 1, mtime: 1 },
+  ];
+  expect(syncPlan(base, now)).toEqual({ put: ['changed.md', 'new/file.md'], delete: ['removed.md'] });
+  // A first sync (no state): everything is put, nothing deleted (files others added are not the box's to delete).
+  expect(syncPlan({}, now.slice(0, 1))).toEqual({ put: ['kept.md'], delete: [] });
+});
+
+test('a pool with memory stores: the sidecar, the read-only mount in the box, the rw volume; without: nothing', () => {
+  const params = (enabled: boolean) => ({
+    name: 'b',
+    namespace: 'ns',
+    poolName: 'p',
+    shape: { image: 'img', cpuCores: 1, memoryBytes: 512 * 1024 * 1024 },
+    box: { ...POOL_DEFAULTS.box, memoryStores: { enabled, sizeLimit: '64Mi' } },
+    boxdImage: 'boxd:1',
+    nonce: 'n',
+    secretName: 'b',
+  });
+  const pod = buildBoxPod(params(true));
+  const sidecar = pod.spec!.initContainers!.find((c) => c.name === 'mounts')!;
+  expect(sidecar).toMatchObject({ image: 'boxd:1', args: ['mounts'], restartPolicy: 'Always', ports: [{ containerPort: BOXD_MOUNTS_PORT }] });
+  expect(sidecar.securityContext).toMatchObject({ readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: { drop: ['ALL'] } });
+  expect(sidecar.volumeMounts!.filter((v) => v.name.startsWith('memory')).every((v) => !v.readOnly)).toBe(true);
+  const box = pod.spec!.containers[0]!;
+  expect(box.volumeMounts).toEqual(
+    expect.arrayContaining([
+      { name: 'memory', mountPath: '/mnt/memory', readOnly: true },
+      { name: 'memory-rw', mountPath: '/mnt/memory-rw' },
+    ]),
+  );
+  expect(pod.spec!.volumes!.filter((v) => v.name.startsWith('memory'))).toEqual([
+    { name: 'memory', emptyDir: { sizeLimit: '64Mi' } },
+    { name: 'memory-rw', emptyDir: { sizeLimit: '64Mi' } },
+  ]);
+  const plain = buildBoxPod(params(false));
+  expect(plain.spec!.initContainers!.map((c) => c.name)).toEqual(['boxd-install']);
+  expect(JSON.stringify(plain)).not.toContain('/mnt/memory');
+});
