@@ -284,7 +284,9 @@ export class ClusterBridgeExecutor implements Required<SandboxExecutor> {
       });
       if (!snap) return { ok: false, error: `backup ${handle.id} not found: it expired or was deleted` };
       if (Date.parse(snap.expires_at) <= Date.now()) return { ok: false, error: `backup ${handle.id} expired at ${snap.expires_at}` };
-      if (!this.boxPromise && !this.attachTo && !(await this.sessionBox())) {
+      const adoptable = this.boxPromise || this.attachTo ? undefined : await this.sessionBox();
+      // Checked again after the listing: an operation may have started making the box meanwhile.
+      if (!this.boxPromise && !this.attachTo && !adoptable) {
         await this.createFrom(snap.snapshot_id);
         return { ok: true };
       }

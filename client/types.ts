@@ -48,38 +48,20 @@ export type BridgeErrorType = ErrorBody['error']['type'];
 export type OpenApiDocument = ReturnType<typeof openApiDocument>;
 
 // ---- issue 21 routes (docs/platform.md) ----
-// Written here by hand from the route contract until their zod schemas are in bridge/schemas.ts;
-// then each becomes z.input/z.output of its schema, like the types above.
-
 /** PUT /boxes/:id/context: what the box's snapshots are labelled with, and who its outbound calls are for. */
-export interface BackupContext {
-  tenant_id: string;
-  environment_id: string;
-  session_id: string;
-}
-export interface OutboundContext {
-  tenant_id: string;
-  session_id: string;
-}
-export interface SetContextRequest {
-  backup?: BackupContext;
-  outbound?: OutboundContext;
-}
-export interface BoxContext {
-  box_id: string;
-  backup: BackupContext | null;
-  outbound: OutboundContext | null;
-}
-export interface KeepAlive {
-  box_id: string;
-  last_active_at: string;
-}
-/** GET /snapshots filters: at least one. */
-export interface SnapshotFilter {
-  session_id?: string;
-  tenant_id?: string;
-  environment_id?: string;
-}
+export type BackupContext = z.input<typeof S.BackupContext>;
+export type OutboundContext = z.input<typeof S.OutboundContext>;
+export type SetContextRequest = z.input<typeof S.SetContextRequest>;
+export type BoxContext = z.output<typeof S.ContextSet>;
+export type KeepAlive = z.output<typeof S.KeepaliveResult>;
+/** GET /snapshots filters (at least one). */
+export type SnapshotFilter = Omit<z.input<typeof S.SnapshotsQuery>, 'limit'>;
+export type MountOutputsRequest = z.input<typeof S.MountOutputsRequest>;
+export type OutputsMount = z.output<typeof S.OutputsMounted>;
+export type SessionOutputs = z.output<typeof S.SessionOutputList>;
+
+// Memory stores: written here by hand from the route contract until their zod schemas are in
+// bridge/schemas.ts; then each becomes z.input/z.output of its schema, like the types above.
 export interface MountMemoryRequest {
   store_name: string;
   store_id: string;
@@ -98,19 +80,4 @@ export interface MemorySynced {
   store_id: string;
   files: number;
   bytes: number;
-}
-export interface MountOutputsRequest {
-  tenant_id: string;
-  session_id: string;
-}
-export interface OutputsMount {
-  path: string;
-  tenant_id: string;
-  session_id: string;
-}
-export interface SessionOutputs {
-  session_id: string;
-  /** `box` while the box runs, `store` after it sleeps or is destroyed. */
-  source: 'box' | 'store';
-  files: Array<{ path: string; size: number; modified_at: string }>;
 }
