@@ -599,3 +599,30 @@ test('base64 matches Buffer for every length and byte value', () => {
   expect(decodeBase64(Buffer.from(all).toString('base64'))).toEqual(all);
   expect(() => decodeBase64('ab$d')).toThrow(/invalid base64/);
 });
+
+describe('the platform port routes (issue 21)', () => {
+  test('keepalive, context, snapshot filters, memory mounts, session outputs: method, path, query, body', async () => {
+    const { fetch, seen } = scriptedFetch(...Array.from({ length: 8 }, () => json(200, { ok: true })), new Response(new Uint8Array([1, 2, 255]), { status: 200 }));
+    const c = client(fetch);
+    await c.keepalive('box-1');
+    await c.setContext('box-1', { backup: { tenant_id: 't', environment_id: 'e', session_id: 's' } });
+    await c.listSnapshots({ tenant_id: 't', environment_id: 'e', session_id: 's' }, { limit: 5 });
+    await c.listSnapshots('s');
+    await c.mountMemoryStore('box-1', { store_name: 'notes', store_id: 'st-1', read_only: true });
+    await c.syncMemoryStore('box-1', 'my notes');
+    await c.mountSessionOutputs('box-1', { tenant_id: 't', session_id: 's' });
+    await c.listSessionOutputs('sess/1');
+    expect(Array.from(await c.readSessionOutput('sess/1', '/dir/a b#.txt'))).toEqual([1, 2, 255]);
+    expect(seen.map((r) => [r.method, r.url.pathname + r.url.search, r.body === undefined ? undefined : JSON.parse(r.body)])).toEqual([
+      ['POST', '/api/v1/boxes/box-1/keepalive', undefined],
+      ['PUT', '/api/v1/boxes/box-1/context', { backup: { tenant_id: 't', environment_id: 'e', session_id: 's' } }],
+      ['GET', '/api/v1/snapshots?session_id=s&tenant_id=t&environment_id=e&limit=5', undefined],
+      ['GET', '/api/v1/snapshots?session_id=s', undefined],
+      ['POST', '/api/v1/boxes/box-1/mounts/memory', { store_name: 'notes', store_id: 'st-1', read_only: true }],
+      ['POST', '/api/v1/boxes/box-1/mounts/memory/my%20notes/sync', undefined],
+      ['POST', '/api/v1/boxes/box-1/mounts/outputs', { tenant_id: 't', session_id: 's' }],
+      ['GET', '/api/v1/sessions/sess%2F1/outputs', undefined],
+      ['GET', '/api/v1/sessions/sess%2F1/outputs/dir/a%20b%23.txt', undefined],
+    ]);
+  });
+});
