@@ -402,4 +402,28 @@ export const API_ROUTES: ApiRoute[] = [
     responses: { 200: { description: 'The file', content: { [OCTET]: 'bytes' } } },
     errors: [413, 501],
   },
+
+  // ---- memory stores (routes/mounts.ts; docs/mounts.md) ----
+  {
+    operationId: 'mountMemoryStore',
+    method: 'post',
+    path: '/boxes/{id}/mounts/memory',
+    summary: "Mount a memory store at /mnt/memory/<store_name>/ (read-only by a read-only mount, or read-write)",
+    description:
+      "The store's files are the objects under memory/<store_id>/ in the object store. 409 when the box's pool has memory stores off, or the name is mounted as another store or mode; 501 without an object store. Wakes a sleeping box.",
+    params: S.BoxParams,
+    body: jsonBody(S.MountMemoryRequest),
+    responses: { 200: json(S.MemoryMounted) },
+    errors: [409, 413, 501],
+  },
+  {
+    operationId: 'syncMemoryStore',
+    method: 'post',
+    path: '/boxes/{id}/mounts/memory/{storeName}/sync',
+    summary: 'Write a read-write memory store back to the object store now',
+    description: 'Files changed since the last sync are put, files the box deleted are deleted. Also done before a sleep and before a delete. 409 for a read-only mount; 404 when no store is mounted under that name.',
+    params: S.MemoryStoreParams,
+    responses: { 200: json(S.MemorySynced) },
+    errors: [409, 413, 501],
+  },
 ];

@@ -18,6 +18,7 @@ import { clusterRoutes } from './routes/cluster.js';
 import { execRoutes } from './routes/exec.js';
 import { fileRoutes } from './routes/files.js';
 import { platformRoutes } from './routes/platform.js';
+import { mountRoutes } from './routes/mounts.js';
 import { snapshotRoutes } from './routes/snapshots.js';
 import type { BoxService } from './services/boxes.js';
 import type { ClusterService } from './services/cluster.js';
@@ -28,6 +29,7 @@ import type { ProcessService } from './services/processes.js';
 import type { SnapshotService } from './services/snapshots.js';
 import type { BoxContextService } from './services/box-context.js';
 import type { SessionOutputsService } from './services/session-outputs.js';
+import type { MemoryMountService } from './services/mounts.js';
 
 export interface AppDeps {
   log: Logger;
@@ -43,6 +45,7 @@ export interface AppDeps {
   snapshots: SnapshotService;
   boxContext: BoxContextService;
   sessionOutputs: SessionOutputsService;
+  memoryMounts: MemoryMountService;
   cluster: ClusterService;
   version: string;
   trustProxy: boolean | number | string;
@@ -114,6 +117,7 @@ export function createApp(deps: AppDeps): Express {
   api.use('/boxes', boxRoutes(deps), execRoutes(deps), fileRoutes(deps));
   api.use(snapshotRoutes(deps));
   api.use(platformRoutes(deps));
+  api.use(mountRoutes(deps));
   api.use(clusterRoutes(deps.cluster));
   api.use(notFoundRoute);
 

@@ -158,3 +158,15 @@ test('the platform port routes (issue 21): scopes, filters and the multi-segment
   expect(doc.components.schemas.Snapshot).toMatchObject({ required: expect.arrayContaining(['context']) });
   expect(doc.components.schemas.SetContextRequest).toMatchObject({ properties: { backup: { required: ['tenant_id', 'environment_id', 'session_id'] }, outbound: { required: ['tenant_id', 'session_id'] } } });
 });
+
+test('the memory store routes (issue 21): write scope, the contract body, 409 for a pool without them', () => {
+  const mount = doc.paths['/boxes/{id}/mounts/memory']!.post!;
+  const sync = doc.paths['/boxes/{id}/mounts/memory/{storeName}/sync']!.post!;
+  expect(mount.security).toEqual([{ bearer: ['boxes:write'] }]);
+  expect(sync.security).toEqual([{ bearer: ['boxes:write'] }]);
+  expect(Object.keys(mount.responses)).toEqual(expect.arrayContaining(['200', '409', '501']));
+  expect(Object.keys(sync.responses)).toEqual(expect.arrayContaining(['200', '404', '409']));
+  expect(doc.components.schemas.MountMemoryRequest).toMatchObject({ required: ['store_name', 'store_id', 'read_only'], additionalProperties: false });
+  expect(doc.components.schemas.MemoryMounted).toMatchObject({ required: ['path', 'store_name', 'store_id', 'read_only', 'files', 'bytes'] });
+  expect(sync.parameters!.map((p) => p.name)).toEqual(['id', 'storeName']);
+});

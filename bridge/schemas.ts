@@ -455,6 +455,38 @@ export const SessionOutputList = z.object({
   files: z.array(z.object({ path: z.string().describe('Relative to /mnt/session/outputs/'), size: z.number().int(), modified_at: z.string() })),
 });
 
+// ---- memory stores (docs/mounts.md) ----
+const StoreName = z
+  .string()
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/)
+  .refine((v) => !v.includes('..'), { message: 'must not contain ".."' });
+
+export const MountMemoryRequest = z
+  .object({
+    store_name: StoreName.describe('The directory under /mnt/memory/ the store appears as'),
+    store_id: StoreName.describe('The store: its files are the objects under memory/<store_id>/ in the object store (docs/mounts.md)'),
+    read_only: z.boolean().describe('true: a read-only mount (the kernel refuses writes); false: what box code writes goes back to the store'),
+  })
+  .strict();
+
+export const MemoryStoreParams = BoxParams.extend({ storeName: StoreName.describe('store_name of the mount') });
+
+export const MemoryMounted = z.object({
+  path: z.string().describe('/mnt/memory/<store_name>'),
+  store_name: z.string(),
+  store_id: z.string(),
+  read_only: z.boolean(),
+  files: z.number().int().describe('Files in the mount'),
+  bytes: z.number().int(),
+});
+
+export const MemorySynced = z.object({
+  store_name: z.string(),
+  store_id: z.string(),
+  files: z.number().int().describe('Files the store has from this box now'),
+  bytes: z.number().int(),
+});
+
 /** GET /openapi.json: what a client relies on; the rest is OpenAPI 3.1. */
 export const OpenApiDocumentBody = z.looseObject({
   openapi: z.literal('3.1.0'),

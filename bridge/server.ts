@@ -43,6 +43,8 @@ import { objectStoreFrom } from '../common/object-store.js';
 import { TerminalService } from './services/terminal.js';
 import { BoxContextService } from './services/box-context.js';
 import { SessionOutputsService } from './services/session-outputs.js';
+import { MemoryMountService } from './services/mounts.js';
+import { mountsClient } from '../common/memory-store.js';
 
 /** The package version: package.json is one level up from bridge/, two from dist/bridge/. */
 function packageVersion(): string {
@@ -186,7 +188,10 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       if (outcome === 'ok') metrics.wakeDuration.observe({ path }, seconds);
     },
     onFenced: (outcome) => metrics.fencesMet.inc({ outcome }),
-    restoreMounts: (woken, record): Promise<void> => sessionOutputs.restoreMounts(woken, record),
+    restoreMounts: async (woken, record): Promise<void> => {
+      await sessionOutputs.restoreMounts(woken, record);
+      await memoryMounts.restoreMounts(woken, record);
+    },
   });
   const exec = new ExecService({
     connector,
@@ -222,6 +227,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   });
   const boxContext = new BoxContextService({ connector, boxes, records });
   const sessionOutputs: SessionOutputsService = new SessionOutputsService({ connector, boxes, records, boxd, store, policy, budget, log });
+  const memoryMounts: MemoryMountService = new MemoryMountService({ connector, boxes, records, store, policy, client: mountsClient, log });
   if (!store) log.info('no object store configured (OBJECT_STORE_BUCKET): snapshot routes answer 501');
   const cluster = new ClusterService({
     core,
@@ -256,6 +262,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     snapshots,
     boxContext,
     sessionOutputs,
+    memoryMounts,
     cluster,
     version: BRIDGE_VERSION,
     trustProxy: trustProxySetting(config.TRUST_PROXY),

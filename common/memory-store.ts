@@ -16,7 +16,7 @@ import { ANNOTATIONS } from './labels.js';
 import type { ObjectStore } from './object-store.js';
 import type { MemoryStorePolicy } from './pool.js';
 import { parseQuantity } from './quantity.js';
-import type { MountsClient, MountsTarget } from './mounts-client.js';
+import { MountsClient, type MountsTarget } from './mounts-client.js';
 
 export { MountsClient, type MountsTarget } from './mounts-client.js';
 
@@ -137,6 +137,9 @@ export function hasMountsSidecar(pod: k8s.V1Pod | undefined): boolean {
   return !!pod?.spec?.initContainers?.some((c) => c.name === MOUNTS_CONTAINER);
 }
 
+/** The sidecar's client, as bridge and operator both use it. */
+export const mountsClient = new MountsClient({ port: BOXD_MOUNTS_PORT });
+
 // --- the store -----------------------------------------------------------------------------
 
 /** The key prefix of a store's files (ends in /). */
@@ -202,7 +205,11 @@ export async function fillStore(
  * boxes: the last sync wins.
  */
 export async function syncStore(d: { store: ObjectStore; client: MountsClient }, t: MountsTarget, m: MemoryMount, signal?: AbortSignal): Promise<StoreCount> {
-  const listed = await d.client.list(t, m.store_name, signal);
+  // No directory: never filled (a mount that failed), or box code removed it whole (its files go).
+  const listed = await d.client.list(t, m.store_name, signal).catch((err: unknown) => {
+    if (err instanceof BridgeError && err.type === 'not_found') return [];
+    throw err;
+  });
   const key = stateKey(d.store, t.box, m.store_name);
   const before = await d.store.getJson<StoreState>(key);
   const base = before?.store_id === m.store_id ? before.files : {};

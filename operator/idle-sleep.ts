@@ -24,6 +24,7 @@ import { parseQuantity } from '../common/quantity.js';
 import { METADATA_OBJECT, WORKSPACE_OBJECT, parseSnapshotId, snapshotKey } from '../common/snapshots.js';
 import { snapshotLimits, takeSnapshot } from '../common/snapshot-writer.js';
 import { outputsMountOf, uploadOutputs } from '../common/session-outputs.js';
+import { memoryMountsOf, mountsClient, syncAll } from '../common/memory-store.js';
 import type { EventRecorder } from './events.js';
 import type { OperatorMetrics } from './metrics.js';
 import type { Lister, ReconcileResult } from './pool-reconciler.js';
@@ -158,6 +159,8 @@ export class IdleSleepReconciler {
       // The session's outputs (outside /workspace) to the store first: a failed copy keeps the box awake.
       const outputs = outputsMountOf(held.record);
       if (outputs) await uploadOutputs({ boxd: this.o.boxd, target, store: this.o.store, pool: pool.metadata.name, boxId, mount: outputs, signal, now: createdAt });
+      // Read-write memory stores back to their store (docs/mounts.md), under the fence: a failed sync keeps the box awake.
+      await syncAll({ store: this.o.store, client: mountsClient }, target, pod, memoryMountsOf(held.record), signal);
       const metadata = await takeSnapshot({
         boxd: this.o.boxd,
         target,

@@ -6,10 +6,11 @@ import { CreateBoxRequest, DeleteBoxQuery, IDEMPOTENCY_KEY, SetEnvRequest } from
 import type { BoxService } from '../services/boxes.js';
 import type { EnvService } from '../services/env.js';
 import type { SessionOutputsService } from '../services/session-outputs.js';
+import type { MemoryMountService } from '../services/mounts.js';
 import type { SnapshotService } from '../services/snapshots.js';
 import { boxIdParam, parse } from '../http/parse.js';
 
-export function boxRoutes(deps: { boxes: BoxService; env: EnvService; snapshots: SnapshotService; sessionOutputs: SessionOutputsService }): Router {
+export function boxRoutes(deps: { boxes: BoxService; env: EnvService; snapshots: SnapshotService; sessionOutputs: SessionOutputsService; memoryMounts: MemoryMountService }): Router {
   const { boxes, env, snapshots } = deps;
   const router = Router();
   const json = express.json({ limit: '1mb', strict: true });
@@ -28,6 +29,7 @@ export function boxRoutes(deps: { boxes: BoxService; env: EnvService; snapshots:
   router.delete('/:id', async (req, res) => {
     const { snapshot } = parse(DeleteBoxQuery, req.query);
     await deps.sessionOutputs.beforeDelete(boxIdParam(req)); // its outputs copied to the store first
+    await deps.memoryMounts.beforeDelete(boxIdParam(req)); // and its read-write memory stores
     res.json((snapshot ?? snapshots.snapshotOnDelete()) ? await snapshots.deleteWithSnapshot(boxIdParam(req)) : await boxes.delete(boxIdParam(req)));
   });
 
