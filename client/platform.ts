@@ -48,6 +48,15 @@ export interface ExecutorBackupHandle {
   expiresAt: string;
 }
 
+/**
+ * The port's ProcessHandle, plus `exitCode`: set once getStatus has seen the process end (the
+ * platform's bash tool reads it when an adapter offers it, for the real exit code).
+ */
+export interface ExecutorProcessHandle extends PlatformProcessHandle {
+  exitCode: number | undefined;
+  getStatus(): Promise<PlatformProcessStatus>;
+}
+
 export interface ClusterBridgeExecutorOptions {
   sessionId: string;
   /** image, cpu, memory, ... of the session's box when this executor creates it. */
@@ -134,7 +143,7 @@ export class ClusterBridgeExecutor implements Required<SandboxExecutor> {
     return formatExecOutput(result, timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS);
   }
 
-  async startProcess(command: string): Promise<PlatformProcessHandle> {
+  async startProcess(command: string): Promise<ExecutorProcessHandle> {
     const id = await this.ensureBox('start process');
     const env = secretsFor(command, this.#secrets);
     const info = await this.client.startProcess(id, { command, ...(this.workdir ? { workdir: this.workdir } : {}), ...(env ? { env } : {}) });
@@ -142,7 +151,7 @@ export class ClusterBridgeExecutor implements Required<SandboxExecutor> {
   }
 
   /** A handle on a process of this session's box by its id: what another replica's executor uses. */
-  async getProcess(processId: string): Promise<PlatformProcessHandle> {
+  async getProcess(processId: string): Promise<ExecutorProcessHandle> {
     const id = await this.ensureBox('get process');
     const info = await this.client.getProcess(id, processId);
     return this.handle(id, info.process_id, info.pid);
@@ -344,11 +353,12 @@ export class ClusterBridgeExecutor implements Required<SandboxExecutor> {
 
   // ---- the box ----
 
-  private handle(boxId: string, processId: string, pid: number): PlatformProcessHandle {
+  private handle(boxId: string, processId: string, pid: number): ExecutorProcessHandle {
     const client = this.client;
-    return {
+    const handle: ExecutorProcessHandle = {
       id: processId,
       pid,
+      exitCode: undefined,
       async kill(signal = 'TERM') {
         try {
           await client.signalProcess(boxId, processId, signalOf(signal));
@@ -367,9 +377,12 @@ export class ClusterBridgeExecutor implements Required<SandboxExecutor> {
         return { stdout, stderr };
       },
       async getStatus(): Promise<PlatformProcessStatus> {
-        return processStatus(await client.getProcess(boxId, processId));
+        const info = await client.getProcess(boxId, processId);
+        if (info.status === 'exited') handle.exitCode = info.exit_code;
+        return processStatus(info);
       },
     };
+    return handle;
   }
 
   private ensureBox(operation: string): Promise<string> {
