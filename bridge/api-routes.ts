@@ -390,7 +390,7 @@ export const API_ROUTES: ApiRoute[] = [
     summary: "The session's output files (regular files under /mnt/session/outputs/), by path",
     params: S.SessionParams,
     responses: { 200: json(S.SessionOutputList) },
-    errors: [501],
+    errors: [413, 501],
   },
   {
     operationId: 'readSessionOutput',

@@ -154,8 +154,12 @@ export async function uploadOutputs(r: CopyRequest): Promise<OutputsManifest> {
   if (total > MAX_OUTPUT_BYTES) throw new BridgeError('payload_too_large', `the outputs hold ${total} bytes; at most ${MAX_OUTPUT_BYTES} are kept`);
   await eachLimited(files, async (f) => {
     const res = await r.boxd.readFile(r.target, `${SESSION_OUTPUTS_DIR}/${f.path}`, MAX_OUTPUT_BYTES, r.signal);
-    await r.store.upload(r.store.key(keys.files + f.path), res, { contentType: 'application/octet-stream', signal: r.signal });
     f.size = Number(res.headers['content-length'] ?? f.size);
+    try {
+      await r.store.upload(r.store.key(keys.files + f.path), res, { contentType: 'application/octet-stream', signal: r.signal });
+    } finally {
+      res.destroy(); // after a failed upload, boxd's stream is released too
+    }
   });
   const manifest: OutputsManifest = {
     version: 1,
@@ -186,11 +190,15 @@ export async function restoreOutputs(r: Omit<CopyRequest, 'now' | 'boxId'>): Pro
     if (!isStorablePath(f.path)) return;
     const object = await r.store.getStream(r.store.key(keys.files + f.path), r.signal);
     if (!object) return; // removed since the manifest was written (a newer copy is under way)
-    await r.boxd.writeFile(r.target, `${SESSION_OUTPUTS_DIR}/${f.path}`, object.body as Readable, {
-      maxBytes: MAX_OUTPUT_BYTES,
-      contentLength: object.size,
-      signal: r.signal,
-    });
+    try {
+      await r.boxd.writeFile(r.target, `${SESSION_OUTPUTS_DIR}/${f.path}`, object.body as Readable, {
+        maxBytes: MAX_OUTPUT_BYTES,
+        contentLength: object.size,
+        signal: r.signal,
+      });
+    } finally {
+      (object.body as Readable).destroy(); // after a refusal, the store's stream is released too
+    }
     restored++;
   });
   return restored;
