@@ -100,6 +100,7 @@ test('create, inspect, list and delete a box', async () => {
   expect(pod.spec?.volumes?.map((v) => [v.name, v.emptyDir ? 'emptyDir' : v.secret ? 'secret' : '?'])).toEqual([
     ['workspace', 'emptyDir'],
     ['tmp', 'emptyDir'],
+    ['outputs', 'emptyDir'],
     ['boxd', 'emptyDir'],
     ['box-secret', 'secret'],
   ]);
