@@ -63,7 +63,8 @@ export class SessionOutputsService {
   /**
    * Makes the box's /mnt/session/outputs/ the session's outputs: the session's files stored by
    * earlier boxes are copied in (when this box did not hold them already), then the record and
-   * the store's live.json name the box. Wakes a sleeping box (it needs boxes:write).
+   * the store's live.json name the box. Wakes a sleeping box (it needs boxes:write). A box
+   * already holding another session's outputs: 409.
    */
   async mount(boxId: string, m: OutputsMount): Promise<{ path: string; tenant_id: string; session_id: string }> {
     const store = this.configured();
@@ -76,7 +77,12 @@ export class SessionOutputsService {
         throw err;
       });
       const record = await this.deps.records.readOwn(pod, boxId);
-      if (outputsMountOf(record)?.session_id !== m.session_id) await restoreOutputs({ boxd: this.deps.boxd, target, store, pool: this.pool, mount: m, signal });
+      const previous = outputsMountOf(record);
+      // One session per box: its directory cannot be two sessions' outputs (a repeated mount is fine).
+      if (previous && previous.session_id !== m.session_id) {
+        throw new BridgeError('conflict', `box ${boxId} already holds the outputs of another session; a box holds one session's outputs (create a new box)`);
+      }
+      if (!previous) await restoreOutputs({ boxd: this.deps.boxd, target, store, pool: this.pool, mount: m, signal });
       const written = await this.deps.records.annotate(boxId, outputsMountAnnotation(m));
       const live: LiveOutputs = { version: 1, ...m, box_id: boxId, record_uid: written.metadata!.uid!, mounted_at: this.now().toISOString() };
       await store.putJson(store.key(keys.live), live);

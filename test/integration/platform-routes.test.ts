@@ -179,6 +179,8 @@ suite('the platform port routes on the real node with the real store', () => {
     const mounted = await call('POST', `/boxes/${box}/mounts/outputs`, { tenant_id: 't1', session_id: session });
     expect(mounted.json).toEqual({ path: '/mnt/session/outputs', tenant_id: 't1', session_id: session });
     expect((await call('POST', `/boxes/${box}/mounts/outputs`, { tenant_id: 't1' })).status).toBe(400);
+    expect((await call('POST', `/boxes/${box}/mounts/outputs`, { tenant_id: 't1', session_id: `other-${session}` })).status).toBe(409);
+    expect((await call('POST', `/boxes/${box}/mounts/outputs`, { tenant_id: 't1', session_id: session })).status).toBe(200); // again: fine
     await exec(
       call,
       box,
