@@ -108,8 +108,10 @@ suite('the platform port routes on the real node with the real store', () => {
     const tenant = `tenant-${randomBytes(4).toString('hex')}`;
     const a = (await call('POST', '/boxes', { sessionId: 'ctx-a', ...SMALL })).json.box_id as string;
     const b = (await call('POST', '/boxes', { sessionId: 'ctx-b', ...SMALL })).json.box_id as string;
-    // b stays awake (a background process is the keepalive), so only a's sleep adds a snapshot.
+    // Both stay awake while a background process runs (the keepalive): b throughout, a until its
+    // sleep is wanted, so exactly one idle-sleep snapshot is taken.
     expect((await call('POST', `/boxes/${b}/processes`, { command: 'sleep 600' })).status).toBe(201);
+    const holdA = (await call('POST', `/boxes/${a}/processes`, { command: 'sleep 600' })).json.process_id as string;
     const ctxA = { tenant_id: tenant, environment_id: 'env-1', session_id: 'platform-session-a' };
     const ctxB = { tenant_id: tenant, environment_id: 'env-2', session_id: 'platform-session-b' };
     const setA = await call('PUT', `/boxes/${a}/context`, { backup: ctxA, outbound: { tenant_id: tenant, session_id: 'platform-session-a' } });
@@ -129,6 +131,7 @@ suite('the platform port routes on the real node with the real store', () => {
     await exec(call, b, 'echo b > b.txt');
     const bSnap = (await call('POST', `/boxes/${b}/snapshots`)).json;
     expect(bSnap.context).toEqual(ctxB);
+    expect((await call('POST', `/boxes/${a}/processes/${holdA}/signal`, { signal: 'KILL' })).status).toBe(200);
     const { snapshot_id: sleepSnapId } = await sleeping(call, a);
     const sleepSnap = (await call('GET', `/snapshots/${sleepSnapId}`)).json;
     expect(sleepSnap).toMatchObject({ name: 'idle-sleep', context: ctxA });
