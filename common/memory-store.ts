@@ -191,7 +191,7 @@ export async function fillStore(
   await eachLimited(files, async (f) => {
     const got = await d.store.getStream(f.key, signal);
     if (!got) return; // deleted since the listing: not part of the store any more
-    await d.client.putStaged(t, m.store_name, m.read_only, f.path, got.body, got.size, signal);
+    await d.client.putStaged(t, m.store_name, m.read_only, f.path, got.body, signal);
   });
   await d.client.commit(t, m.store_name, m.read_only, signal);
   if (!m.read_only) await d.store.putJson(stateKey(d.store, t.box, m.store_name), stateOf(m, await d.client.list(t, m.store_name, signal)));

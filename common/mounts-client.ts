@@ -35,9 +35,9 @@ export class MountsClient {
     await this.json(t, 'POST', `/v1/memory/${encodeURIComponent(name)}/stage?read_only=${readOnly}`, undefined, signal);
   }
 
-  async putStaged(t: MountsTarget, name: string, readOnly: boolean, path: string, body: Readable, size: number, signal?: AbortSignal): Promise<void> {
+  async putStaged(t: MountsTarget, name: string, readOnly: boolean, path: string, body: Readable, signal?: AbortSignal): Promise<void> {
     const q = new URLSearchParams({ read_only: String(readOnly), path });
-    await this.json(t, 'PUT', `/v1/memory/${encodeURIComponent(name)}/stage/file?${q}`, { body, size }, signal);
+    await this.json(t, 'PUT', `/v1/memory/${encodeURIComponent(name)}/stage/file?${q}`, { body }, signal);
   }
 
   async commit(t: MountsTarget, name: string, readOnly: boolean, signal?: AbortSignal): Promise<void> {
@@ -57,20 +57,21 @@ export class MountsClient {
     return Readable.fromWeb(res.body as NodeWebStream<Uint8Array>);
   }
 
-  private async json<T>(t: MountsTarget, method: string, path: string, upload: { body: Readable; size: number } | undefined, signal?: AbortSignal): Promise<T> {
+  private async json<T>(t: MountsTarget, method: string, path: string, upload: { body: Readable } | undefined, signal?: AbortSignal): Promise<T> {
     const res = await this.send(t, method, path, upload, signal, upload ? this.transferMs : this.callMs);
     if (!res.ok) throw await errorOf(res, t.box);
     return (await res.json()) as T;
   }
 
-  private async send(t: MountsTarget, method: string, path: string, upload: { body: Readable; size: number } | undefined, signal: AbortSignal | undefined, ms: number): Promise<Response> {
+  private async send(t: MountsTarget, method: string, path: string, upload: { body: Readable } | undefined, signal: AbortSignal | undefined, ms: number): Promise<Response> {
     const deadline = AbortSignal.timeout(ms);
     const all = signal ? AbortSignal.any([signal, deadline]) : deadline;
     const host = t.ip.includes(':') ? `[${t.ip}]` : t.ip;
     try {
       return await fetch(`http://${host}:${this.options.port}${path}`, {
         method,
-        headers: { [TOKEN_HEADER]: t.token, ...(upload ? { 'Content-Length': String(upload.size), 'Content-Type': 'application/octet-stream' } : {}) },
+        // A streamed body goes chunked (the sidecar bounds what it writes itself).
+        headers: { [TOKEN_HEADER]: t.token, ...(upload ? { 'Content-Type': 'application/octet-stream' } : {}) },
         signal: all,
         ...(upload ? { body: Readable.toWeb(upload.body) as ReadableStream<Uint8Array>, duplex: 'half' } : {}),
       } as RequestInit);
