@@ -74,7 +74,14 @@ export class MemoryMountService {
       const count =
         step === 'same' && !m.read_only
           ? await this.deps.client.list(target, m.store_name, signal).then((files) => ({ files: files.length, bytes: files.reduce((n, f) => n + f.size, 0) }))
-          : await fillStore({ store, client: this.deps.client }, target, m, this.limits(), signal);
+          : await fillStore({ store, client: this.deps.client }, target, m, this.limits(), signal).catch(async (err: unknown) => {
+              // A store refused as it is (too large, ...) never mounts: off the record again, or every
+              // wake would fail on it. A 503 keeps it there (the store's files are untouched; a retry completes it).
+              if (step === 'new' && err instanceof BridgeError && err.status < 500) {
+                await this.deps.records.annotate(boxId, { [ANNOTATIONS.memoryMounts]: JSON.stringify(mounts) }).catch(() => undefined);
+              }
+              throw err;
+            });
       return { path: `${MEMORY_DIR}/${m.store_name}`, store_name: m.store_name, store_id: m.store_id, read_only: m.read_only, ...count };
     });
   }
@@ -133,7 +140,14 @@ export class MemoryMountService {
       this.deps.log.warn({ box: call.target.box, stores: mounts.length }, 'woken box has no memory-store sidecar: its stores are not mounted again');
       return;
     }
-    for (const m of mounts) await fillStore({ store: this.deps.store, client: this.deps.client }, call.target, m, this.limits(), call.signal);
+    for (const m of mounts) {
+      await fillStore({ store: this.deps.store, client: this.deps.client }, call.target, m, this.limits(), call.signal).catch((err: unknown) => {
+        // A store that grew past the limits since it was mounted must not keep the box asleep for
+        // good: it wakes without that store. Anything else (503) fails the wake, tried again later.
+        if (!(err instanceof BridgeError && err.status < 500)) throw err;
+        this.deps.log.warn({ box: call.target.box, store: m.store_name, err: err.message }, 'woken box: a memory store could not be mounted again');
+      });
+    }
   }
 
   private checkSidecar(pod: k8s.V1Pod, boxId: string): void {
