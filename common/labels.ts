@@ -70,8 +70,12 @@ export const ANNOTATIONS = {
   outboundContext: `${API_GROUP}/outbound-context`,
   /** On a box's record: the session whose outputs its /mnt/session/outputs holds (JSON {tenant_id, session_id}, common/session-outputs.ts). */
   sessionOutputs: `${API_GROUP}/session-outputs`,
-  /** On a box's record: its mounted memory stores (JSON [{store_name, store_id, read_only}], common/memory-store.ts); a wake mounts them again. */
-  memoryMounts: `${API_GROUP}/memory-mounts`,
+  /**
+   * On a box's record, one per mounted memory store: this prefix and a digest of the store's name,
+   * JSON {store_name, store_id, read_only} (common/memory-store.ts); a wake mounts them again.
+   * One annotation each, so two mounts at once never overwrite each other's.
+   */
+  memoryMount: `${API_GROUP}/memory-mount-`,
 } as const;
 
 /** app.kubernetes.io/component values of the Secrets boxes use. */

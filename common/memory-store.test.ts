@@ -1,6 +1,6 @@
 import { buildBoxPod } from './box-pod.js';
 import { ANNOTATIONS } from './labels.js';
-import { BOXD_MOUNTS_PORT, isStoreName, isStorePath, memoryMountsOf, mountStep, syncPlan, withMount, type MemoryMount } from './memory-store.js';
+import { BOXD_MOUNTS_PORT, isStoreName, isStorePath, memoryMountsOf, mountAnnotation, mountAnnotationKey, mountStep, syncPlan, type MemoryMount } from './memory-store.js';
 import { POOL_DEFAULTS } from './pool.js';
 
 test('store names and file paths: one clean component / a clean relative path', () => {
@@ -10,14 +10,22 @@ test('store names and file paths: one clean component / a clean relative path', 
   for (const bad of ['', '/abs', 'a//b', 'dir/', './a', 'a/../b', '..', 'a\0b']) expect(isStorePath(bad)).toBe(false);
 });
 
-test("the record's mount list: parsed defensively, one mount per name", () => {
-  const rec = (v: string) => ({ metadata: { annotations: { [ANNOTATIONS.memoryMounts]: v } } });
+test("the record's mounts: one annotation per name (a digest), parsed defensively", () => {
   const m: MemoryMount = { store_name: 'notes', store_id: 'st_1', read_only: true };
-  expect(memoryMountsOf(rec(JSON.stringify([m, { store_name: '../x', store_id: 's', read_only: true }, { store_name: 'y' }])))).toEqual([m]);
-  expect(memoryMountsOf(rec('not json'))).toEqual([]);
+  const long: MemoryMount = { store_name: 'n'.repeat(128), store_id: 'st_2', read_only: false };
+  const annotations = {
+    ...mountAnnotation(long),
+    ...mountAnnotation(m),
+    [`${ANNOTATIONS.memoryMount}garbled`]: 'not json',
+    [mountAnnotationKey('evil')]: JSON.stringify({ store_name: '../x', store_id: 's', read_only: true }),
+    // A value under another name's key is not that mount.
+    [mountAnnotationKey('other')]: JSON.stringify({ store_name: 'notes2', store_id: 's', read_only: true }),
+    unrelated: 'x',
+  } as Record<string, string>;
+  expect(memoryMountsOf({ metadata: { annotations } })).toEqual([long, m]);
+  expect(mountAnnotationKey(long.store_name).length - 'sandbox-bridge.io/'.length).toBeLessThanOrEqual(63);
+  expect(mountAnnotation(m, true)).toEqual({ [mountAnnotationKey('notes')]: null });
   expect(memoryMountsOf(undefined)).toEqual([]);
-  const rw = { store_name: 'notes', store_id: 'st_1', read_only: false };
-  expect(withMount([m, { ...m, store_name: 'other' }], rw)).toEqual([{ ...m, store_name: 'other' }, rw]);
 });
 
 test('a mount under a name already mounted: the same store the same way, or a conflict', () => {

@@ -9,6 +9,7 @@
 //
 // This module is the store side, shared by bridge and operator: the pod's parts, the mount list
 // kept on the box's record, and fill / sync between the object store and the sidecar.
+import { createHash } from 'node:crypto';
 import type * as k8s from '@kubernetes/client-node';
 import { BOXD_SECRET_DIR } from './boxd.js';
 import { BridgeError } from './errors.js';
@@ -57,25 +58,31 @@ export interface MemoryMount {
   read_only: boolean;
 }
 
-/** The box's mounted stores, from its record (none when unset or garbled). */
-export function memoryMountsOf(record: Pick<k8s.V1Secret, 'metadata'> | undefined): MemoryMount[] {
-  const raw = record?.metadata?.annotations?.[ANNOTATIONS.memoryMounts];
-  if (!raw) return [];
-  try {
-    const v = JSON.parse(raw) as unknown;
-    if (!Array.isArray(v)) return [];
-    return v.filter(
-      (m): m is MemoryMount =>
-        !!m && typeof m === 'object' && isStoreName((m as MemoryMount).store_name) && isStoreName((m as MemoryMount).store_id) && typeof (m as MemoryMount).read_only === 'boolean',
-    );
-  } catch {
-    return [];
-  }
+/** The record annotation of the mount named storeName (a digest: names may be longer than a key allows). */
+export function mountAnnotationKey(storeName: string): string {
+  return ANNOTATIONS.memoryMount + createHash('sha256').update(storeName).digest('hex').slice(0, 16);
 }
 
-/** The mount list with m in it (replacing a mount of the same name). */
-export function withMount(mounts: readonly MemoryMount[], m: MemoryMount): MemoryMount[] {
-  return [...mounts.filter((x) => x.store_name !== m.store_name), { store_name: m.store_name, store_id: m.store_id, read_only: m.read_only }];
+/** The record annotations that add m (replacing a mount of the same name), or with null remove it. */
+export function mountAnnotation(m: MemoryMount, remove = false): Record<string, string | null> {
+  return { [mountAnnotationKey(m.store_name)]: remove ? null : JSON.stringify({ store_name: m.store_name, store_id: m.store_id, read_only: m.read_only }) };
+}
+
+/** The box's mounted stores, from its record, by name (garbled ones left out). */
+export function memoryMountsOf(record: Pick<k8s.V1Secret, 'metadata'> | undefined): MemoryMount[] {
+  const mounts: MemoryMount[] = [];
+  for (const [key, raw] of Object.entries(record?.metadata?.annotations ?? {})) {
+    if (!key.startsWith(ANNOTATIONS.memoryMount)) continue;
+    try {
+      const m = JSON.parse(raw) as Partial<MemoryMount> | null;
+      if (m && isStoreName(m.store_name) && isStoreName(m.store_id) && typeof m.read_only === 'boolean' && key === mountAnnotationKey(m.store_name)) {
+        mounts.push({ store_name: m.store_name, store_id: m.store_id, read_only: m.read_only });
+      }
+    } catch {
+      // not ours to read
+    }
+  }
+  return mounts.sort((a, b) => (a.store_name < b.store_name ? -1 : 1));
 }
 
 /**

@@ -7,17 +7,16 @@ import type * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import type { BoxRecords } from '../../common/box-records.js';
 import { BridgeError } from '../../common/errors.js';
-import { ANNOTATIONS } from '../../common/labels.js';
 import {
   MEMORY_DIR,
   fillStore,
   forgetBox,
   hasMountsSidecar,
   memoryMountsOf,
+  mountAnnotation,
   mountStep,
   syncAll,
   syncStore,
-  withMount,
   type MemoryMount,
   type MountsClient,
   type StoreCount,
@@ -70,7 +69,7 @@ export class MemoryMountService {
           `box ${boxId} already has ${MEMORY_DIR}/${m.store_name} mounted (store ${had.store_id}, ${had.read_only ? 'read-only' : 'read-write'}); mount under another name`,
         );
       }
-      if (step === 'new') await this.deps.records.annotate(boxId, { [ANNOTATIONS.memoryMounts]: JSON.stringify(withMount(mounts, m)) });
+      if (step === 'new') await this.deps.records.annotate(boxId, mountAnnotation(m));
       const count =
         step === 'same' && !m.read_only
           ? await this.deps.client.list(target, m.store_name, signal).then((files) => ({ files: files.length, bytes: files.reduce((n, f) => n + f.size, 0) }))
@@ -78,7 +77,7 @@ export class MemoryMountService {
               // A store refused as it is (too large, ...) never mounts: off the record again, or every
               // wake would fail on it. A 503 keeps it there (the store's files are untouched; a retry completes it).
               if (step === 'new' && err instanceof BridgeError && err.status < 500) {
-                await this.deps.records.annotate(boxId, { [ANNOTATIONS.memoryMounts]: JSON.stringify(mounts) }).catch(() => undefined);
+                await this.deps.records.annotate(boxId, mountAnnotation(m, true)).catch(() => undefined);
               }
               throw err;
             });
