@@ -229,7 +229,7 @@ func (s *server) writeStaged(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	base, stage, _ := s.dirs(name, ro)
-	root, err := os.OpenRoot(filepath.Join(base, stage))
+	root, err := openIn(base, stage)
 	if err != nil {
 		writeError(w, errs.FromOS(stage, err))
 		return
@@ -301,6 +301,18 @@ func (s *server) commit(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"name": name, "read_only": ro})
 }
 
+// openIn opens dir inside base as a root of its own. Box code can swap a directory of the
+// read-write volume for a symlink at any moment; resolved inside base, it can never lead out of
+// it (to the read-only volume, the credential, the sidecar's own files).
+func openIn(base, dir string) (*os.Root, error) {
+	b, err := os.OpenRoot(base)
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	return b.OpenRoot(dir)
+}
+
 // replace renames from to to inside base; an existing to (a directory, a link) is moved aside and removed.
 func replace(base, from, to string) error {
 	root, err := os.OpenRoot(base)
@@ -335,7 +347,7 @@ func (s *server) list(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	root, err := os.OpenRoot(filepath.Join(s.RW, name))
+	root, err := openIn(s.RW, name)
 	if err != nil {
 		writeError(w, errs.FromOS(name, err))
 		return
@@ -374,7 +386,7 @@ func (s *server) read(w http.ResponseWriter, r *http.Request) {
 		writeError(w, firstErr(err))
 		return
 	}
-	root, err := os.OpenRoot(filepath.Join(s.RW, name))
+	root, err := openIn(s.RW, name)
 	if err != nil {
 		writeError(w, errs.FromOS(name, err))
 		return

@@ -125,6 +125,24 @@ func TestReadWriteStoreIsALinkIntoTheWritableVolume(t *testing.T) {
 	if code, _ := s.do("GET", "/v1/memory/work/file?path=escape", ""); code == 200 {
 		t.Fatal("a symlink out of the store was followed")
 	}
+	// The store's directory itself swapped for a link out of the volume: not followed either.
+	must(t, os.RemoveAll(filepath.Join(s.rw, "work")))
+	must(t, os.Symlink(s.mem, filepath.Join(s.rw, "work")))
+	for _, p := range []string{"/v1/memory/work/files", "/v1/memory/work/file?path=outside"} {
+		if code, body := s.do("GET", p, ""); code == 200 {
+			t.Fatalf("GET %s through a planted link: %s", p, body)
+		}
+	}
+	// Nor a staging directory swapped for a link into the read-only volume while a store is filled.
+	s.ok("POST", "/v1/memory/w2/stage?read_only=false", "")
+	must(t, os.RemoveAll(filepath.Join(s.rw, ".stage-w2")))
+	must(t, os.Symlink(s.mem, filepath.Join(s.rw, ".stage-w2")))
+	if code, _ := s.do("PUT", "/v1/memory/w2/stage/file?read_only=false&path=planted", "x"); code == 200 {
+		t.Fatal("a file was written through a planted link")
+	}
+	if _, err := os.Stat(filepath.Join(s.mem, "planted")); !os.IsNotExist(err) {
+		t.Fatal("the read-only volume got a file")
+	}
 }
 
 func TestRefusals(t *testing.T) {
