@@ -3,23 +3,37 @@
 //   npm run bench:wake   (part of npm run bench; BENCH_WAKE_MIB=10,100 BENCH_WAKE_ROUNDS=5
 //                         BENCH_WAKE_WARM=2)
 //
-// On the local cluster's real node, with its object store (versitygw on loopback), the operator
-// and one bridge (each its own process), side by side in one run: for each workspace size (of
-// incompressible data, so the archive is as large as the data) and with the warm pool off, then
-// on, BENCH_WAKE_ROUNDS boxes are created with the workspace, left to sleep (the pool's idle
-// time is 2 s), and then called: the wake latency is `exec true` sent -> answered (a new or warm
-// pod, the workspace restored, then the command). The data is checked after each wake (not
-// timed). With the warm pool on, each wake starts once the pool is refilled, so it measures the
-// wake path and not a refill racing it on 2 cores. Results: bench/results/wake.md and .json.
+// On the local cluster's real node, with its object store (versitygw on loopback), side by side
+// in one run: for each workspace size (of incompressible data, so the archive is as large as the
+// data) and with the warm pool off, then on, BENCH_WAKE_ROUNDS boxes are created with the
+// workspace, left to sleep (the pool's idle time is 2 s), and then called: the wake latency is
+// `exec true` sent -> answered (a new or warm pod, the workspace restored, then the command). The
+// data is checked after each wake (not timed). With the warm pool on, each wake starts once the
+// pool is refilled, so it measures the wake path and not a refill racing it on 2 cores.
+//
+// Sleeps are the operator's (docs/lifecycle.md: its leader decides them, operator/idle-sleep.ts),
+// wakes the bridge's (bridge/services/box-connector.ts), each its own process. The operator has
+// what idle sleep needs: the object store settings, BOXD_IMAGE and BOXD_KEY (the bridge's) and
+// SNAPSHOT_ENCRYPTION_KEY (the bridge's, so the bridge can open the env the operator sealed). It
+// reaches the API server through an API proxy (bench/api-requests.ts) that counts, per sleep, the
+// requests naming the box's record or pod; the bridge talks to the API server directly, so the
+// wake latency has no proxy in it. Also reported: how long after its last call each box was
+// Sleeping, and the operator's own count of sleeps by outcome. The previous run's figures (the
+// bench/results/wake.json found at start) are shown beside this run's.
+// Results: bench/results/wake.md and .json; snapshots and objects are removed afterwards.
+import { existsSync, readFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
-import { cpus } from 'node:os';
+import { cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient, type BridgeClient } from '../client/index.js';
 import { LABELS } from '../common/labels.js';
+import { ObjectStore, ObjectStoreConfigSchema } from '../common/object-store.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
+import { CountingProxy, calls, named, verbResource } from './api-requests.js';
+import { metric, startProgram, type Program } from './programs.js';
 import { writeResults } from './results-file.js';
-import { BOXD_IMAGE, ON_REAL_NODE, REAL_NODE_LABEL, createBenchPool, ensureCluster, freePort, objectStoreEnv, percentile, startProgram, waitUntil, warmReady } from './setup.js';
+import { BOXD_IMAGE, ON_REAL_NODE, REAL_NODE_LABEL, createBenchPool, ensureCluster, objectStoreEnv, percentile, waitUntil, warmReady } from './setup.js';
 
 const ROOT = process.cwd();
 const SIZES = (process.env.BENCH_WAKE_MIB ?? '10,100').split(',').map(Number);
@@ -32,6 +46,7 @@ const pool = `bench-wake-${id}`;
 const ns = `${pool}-boxes`;
 const token = randomBytes(24).toString('hex');
 const boxdKey = randomBytes(32).toString('hex');
+const previous = readPrevious();
 
 ensureCluster(ROOT, KUBECONFIG, []);
 const kc = new k8s.KubeConfig();
@@ -40,7 +55,6 @@ const core = kc.makeApiClient(k8s.CoreV1Api);
 const custom = kc.makeApiClient(k8s.CustomObjectsApi);
 const log = (msg: string) => process.stderr.write(`[bench:wake] ${msg}\n`);
 
-const start = (script: string, env: Record<string, string>) => startProgram(ROOT, KUBECONFIG, script, { BOXD_IMAGE, BOXD_KEY: boxdKey, ...env });
 const warmPods = async () =>
   (await core.listNamespacedPod({ namespace: ns, labelSelector: `${LABELS.warm}=${pool}` })).items.filter((p) => !p.metadata?.deletionTimestamp);
 
@@ -52,20 +66,53 @@ async function setWarm(count: number): Promise<void> {
   await waitUntil(`${count} warm boxes`, async () => (count ? (await warmReady(core, ns, pool)) >= count : (await warmPods()).length === 0), 300_000);
 }
 
+/** The figures of the run before this one (bench/results/wake.json as found), to show beside ours. */
+function readPrevious(): { date: string; groups: Record<string, { p50: number; p99: number }> } | undefined {
+  const path = join(ROOT, 'bench/results/wake.json');
+  if (!existsSync(path)) return undefined;
+  try {
+    const json = JSON.parse(readFileSync(path, 'utf8')) as { date?: string; groups?: Record<string, { p50: number; p99: number }> };
+    return json.date && json.groups ? { date: json.date, groups: json.groups } : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 interface Wake {
   mib: number;
   warmPool: boolean;
   ms: number;
   servedWarm: boolean;
+  /** The box's last call answered -> its status Sleeping (the idle time, then the operator's sleep). */
+  toSleepMs: number;
+  /** The operator's API requests naming the box's record or pod while it put the box to sleep, by verb and resource. */
+  sleepRequests: Record<string, number>;
+  /** The pod the box slept from was still terminating when the call went out. */
+  oldPodTerminating: boolean;
+  /** The machine's 1-minute load average when the call went out (the machine is shared). */
+  load1: number;
 }
 
-async function oneWake(client: BridgeClient, mib: number, warmPool: boolean, round: number): Promise<Wake> {
+async function oneWake(client: BridgeClient, proxy: CountingProxy, mib: number, warmPool: boolean, round: number): Promise<Wake> {
   const box = await client.createBox({ sessionId: `wake-${mib}-${warmPool ? 'warm' : 'cold'}-${round}` });
   const made = await client.exec(box.box_id, { command: `head -c ${mib * 1048576} /dev/urandom > data.bin && sha256sum data.bin | cut -c1-64`, timeoutMs: 300_000 });
   if (made.exit_code !== 0) throw new Error(`writing the workspace: exit ${made.exit_code} ${made.stderr}`);
+  const lastCall = performance.now();
+  const podName = (await client.status(box.box_id)).pod_name;
+  const mark = proxy.mark();
   // Status reads do not count as activity, so polling does not keep the box awake.
   await waitUntil(`box ${box.box_id} to sleep`, async () => (await client.status(box.box_id)).status === 'Sleeping', 120_000, 100);
+  const toSleepMs = performance.now() - lastCall;
+  const sleepRequests: Record<string, number> = {};
+  for (const r of calls(proxy.since(mark))) {
+    if (named(r) !== box.box_id && named(r) !== podName) continue;
+    sleepRequests[verbResource(r)] = (sleepRequests[verbResource(r)] ?? 0) + 1;
+  }
   if (warmPool) await waitUntil(`${WARM} warm boxes`, async () => (await warmReady(core, ns, pool)) >= WARM, 300_000);
+  // Not timed: whether the pod the box slept from is still terminating as the call goes out
+  // (a new pod named after the box waits for it to be gone).
+  const oldPodTerminating = Boolean((await core.readNamespacedPod({ name: podName, namespace: ns }).catch(() => undefined))?.metadata?.deletionTimestamp);
+  const load1 = loadavg()[0]!;
   const t0 = performance.now();
   const answered = await client.exec(box.box_id, { command: 'true' });
   const ms = performance.now() - t0;
@@ -74,8 +121,11 @@ async function oneWake(client: BridgeClient, mib: number, warmPool: boolean, rou
   if (check.stdout !== made.stdout) throw new Error(`${box.box_id}: the workspace differs after the wake`);
   const servedWarm = (await client.status(box.box_id)).pod_name.startsWith('box-warm-');
   await client.deleteBox(box.box_id);
-  log(`${mib} MiB, warm pool ${warmPool ? 'on' : 'off'}, round ${round}: woken in ${ms.toFixed(0)} ms (${servedWarm ? 'warm pod' : 'new pod'})`);
-  return { mib, warmPool, ms, servedWarm };
+  log(
+    `${mib} MiB, warm pool ${warmPool ? 'on' : 'off'}, round ${round}: asleep after ${(toSleepMs / 1000).toFixed(1)} s, woken in ${ms.toFixed(0)} ms ` +
+      `(${servedWarm ? 'warm pod' : 'new pod'}${oldPodTerminating ? ', the old pod still terminating' : ''})`,
+  );
+  return { mib, warmPool, ms, servedWarm, toSleepMs, sleepRequests, oldPodTerminating, load1 };
 }
 
 async function main() {
@@ -83,6 +133,7 @@ async function main() {
     log('no real node: skipped');
     return;
   }
+  const load = loadavg().map((l) => l.toFixed(2)).join(' ');
   await createBenchPool(
     { root: ROOT, kubeconfig: KUBECONFIG, core, custom },
     {
@@ -103,76 +154,119 @@ async function main() {
       },
     },
   );
+  // The same store, boxd key and seal key for both programs.
   const store = objectStoreEnv(ROOT, `bench-${id}`);
-  const operator = start('dist/operator/main.js', {
-    METRICS_PORT: String(await freePort()),
-    METRICS_HOST: '127.0.0.1',
-    LEASE_NAMESPACE: 'default',
-    LEASE_NAME: `${pool}-lease`,
-    POD_NAME: `${pool}-operator`,
-    POOL_SELECTOR: `sandbox-bridge.io/bench=${id}`,
-    ...store,
-  });
-  const port = await freePort();
-  const bridge = start('dist/bridge/main.js', {
-    BRIDGE_TOKEN: token,
-    POOL_NAME: pool,
-    SANDBOX_NAMESPACE: ns,
-    PORT: String(port),
-    METRICS_PORT: String(await freePort()),
-    HOST: '127.0.0.1',
-    ...store,
-  });
-  const url = `http://127.0.0.1:${port}`;
+  const shared = { BOXD_IMAGE, BOXD_KEY: boxdKey, ...store };
+  const proxy = new CountingProxy(kc);
+  await proxy.start();
+  const programs: Program[] = [];
   const wakes: Wake[] = [];
+  let sleeps: Record<string, number> = {};
   try {
-    await waitUntil('the bridge to start', async () => (await fetch(`${url}/api/v1/health`, { headers: { authorization: `Bearer ${token}` } })).ok, 60_000);
-    const client = createBridgeClient({ url, token, retries: 0, timeoutMs: 600_000 });
+    const operator = await startProgram(ROOT, 'dist/operator/main.js', proxy.kubeconfigFile(), {
+      ...shared,
+      LEASE_NAMESPACE: 'default',
+      LEASE_NAME: `${pool}-lease`,
+      POD_NAME: `${pool}-operator`,
+      POOL_SELECTOR: `sandbox-bridge.io/bench=${id}`,
+    });
+    programs.push(operator);
+    const bridge = await startProgram(ROOT, 'dist/bridge/main.js', KUBECONFIG, { ...shared, BRIDGE_TOKEN: token, POOL_NAME: pool, SANDBOX_NAMESPACE: ns });
+    programs.push(bridge);
+    const client = createBridgeClient({ url: `http://127.0.0.1:${bridge.port}`, token, retries: 0, timeoutMs: 600_000 });
     for (const warmPool of [false, true]) {
       await setWarm(warmPool ? WARM : 0);
-      for (const mib of SIZES) for (let round = 1; round <= ROUNDS; round++) wakes.push(await oneWake(client, mib, warmPool, round));
+      for (const mib of SIZES) for (let round = 1; round <= ROUNDS; round++) wakes.push(await oneWake(client, proxy, mib, warmPool, round));
     }
+    for (const outcome of ['slept', 'active', 'busy', 'too_large', 'error']) sleeps[outcome] = (await metric(operator, 'sandbox_operator_sleeps_total', { outcome })) ?? 0;
+    sleeps = Object.fromEntries(Object.entries(sleeps).filter(([, n]) => n > 0));
+  } catch (err) {
+    for (const p of programs) log(`last output of ${p === programs[0] ? 'the operator' : 'the bridge'}:\n${p.lines.slice(-15).join('\n')}`);
+    throw err;
   } finally {
-    bridge.kill('SIGTERM');
-    operator.kill('SIGTERM');
+    await Promise.all(programs.map((p) => p.stop()));
+    await proxy.stop();
     log('cleaning up');
     await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: pool }).catch(() => undefined);
     await core.deleteNamespace({ name: ns }).catch(() => undefined);
     await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: `${pool}-lease`, namespace: 'default' }).catch(() => undefined);
+    await core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${pool}` }).catch(() => undefined);
+    await removeSnapshots(store).catch((err: unknown) => log(`could not remove the bench's snapshots: ${String(err)}`));
   }
-  report(wakes);
+  report(wakes, sleeps, `${load} -> ${loadavg().map((l) => l.toFixed(2)).join(' ')}`);
 }
 
-function report(wakes: Wake[]): void {
+/** Deletes every object the bench's runs left under its store prefix (sleep snapshots). */
+async function removeSnapshots(env: Record<string, string>): Promise<void> {
+  const store = new ObjectStore(ObjectStoreConfigSchema.parse(env));
+  try {
+    const keys: string[] = [];
+    for await (const o of store.list(`${store.prefix}/`)) keys.push(o.key);
+    await store.delete(keys);
+  } finally {
+    store.close();
+  }
+}
+
+function report(wakes: Wake[], sleeps: Record<string, number>, load: string): void {
+  const s = (ms: number) => `${(ms / 1000).toFixed(2)} s`;
   const rows: string[][] = [];
-  const groups: Record<string, unknown> = {};
+  const groups: Record<string, { n: number; p50: number; p99: number; servedWarm: number; oldPodTerminating: number; toSleepP50: number }> = {};
   for (const mib of SIZES) {
     for (const warmPool of [false, true]) {
       const these = wakes.filter((w) => w.mib === mib && w.warmPool === warmPool);
       if (!these.length) continue;
+      const key = `${mib}MiB-${warmPool ? 'warm' : 'cold'}`;
       const ms = these.map((w) => w.ms);
       const p50 = percentile(ms, 50);
       const p99 = percentile(ms, 99);
-      groups[`${mib}MiB-${warmPool ? 'warm' : 'cold'}`] = { n: these.length, p50, p99, servedWarm: these.filter((w) => w.servedWarm).length };
+      const toSleepP50 = percentile(these.map((w) => w.toSleepMs), 50);
+      groups[key] = { n: these.length, p50, p99, servedWarm: these.filter((w) => w.servedWarm).length, oldPodTerminating: these.filter((w) => w.oldPodTerminating).length, toSleepP50 };
+      const before = previous?.groups[key];
       rows.push([
         `${mib} MiB workspace, warm pool ${warmPool ? `on (${WARM})` : 'off'}`,
         String(these.length),
-        `${(p50 / 1000).toFixed(2)} s / ${(p99 / 1000).toFixed(2)} s`,
+        `**${s(p50)}** / ${s(p99)}`,
+        before ? `${s(before.p50)} / ${s(before.p99)}` : '',
+        before ? `${(p50 / before.p50).toFixed(2)}x` : '',
         String(these.filter((w) => w.servedWarm).length),
-        mib === 10 && warmPool ? '<= 1.5 s p50' : '',
+        String(these.filter((w) => w.oldPodTerminating).length),
+        s(toSleepP50),
+        percentile(these.map((w) => w.load1), 50).toFixed(1),
+        mib === 10 && warmPool ? '<= 0.4 s p50' : '',
       ]);
     }
   }
-  const results = { date: new Date().toISOString(), node: process.version, cores: cpus().length, sleepAfterSeconds: SLEEP_AFTER_SECONDS, warm: WARM, groups, wakes };
+  // The operator's requests per sleep (each naming the box's record or pod), over every sleep.
+  const perSleep: Record<string, number> = {};
+  for (const w of wakes) for (const [k, n] of Object.entries(w.sleepRequests)) perSleep[k] = (perSleep[k] ?? 0) + n / wakes.length;
+  const perSleepTotal = Object.values(perSleep).reduce((a, b) => a + b, 0);
+  const results = {
+    date: new Date().toISOString(),
+    node: process.version,
+    cores: cpus().length,
+    loadavg: load,
+    sleepAfterSeconds: SLEEP_AFTER_SECONDS,
+    warm: WARM,
+    groups,
+    previous,
+    operatorSleeps: sleeps,
+    operatorRequestsPerSleep: perSleep,
+    wakes,
+  };
   const table = [
-    '| call to a sleeping box -> answered | n | p50 / p99 | woken into a warm pod | target |',
-    '|---|---|---|---|---|',
+    `| call to a sleeping box -> answered | n | p50 / p99 | previous run p50 / p99 | p50 / previous | woken into a warm pod | old pod still terminating at the call | last call -> Sleeping, p50 | load average (1 min) at the calls, median | target |`,
+    '|---|---|---|---|---|---|---|---|---|---|',
     ...rows.map((r) => `| ${r.join(' | ')} |`),
   ].join('\n');
   const md =
-    `# Wake bench\n\n${results.date} — ${results.cores} cores, Node ${results.node}; \`npm run bench:wake\` ` +
+    `# Wake bench\n\n${results.date} — ${results.cores} cores, Node ${results.node}, load average ${load}; \`npm run bench:wake\` ` +
     `(BENCH_WAKE_MIB=${SIZES.join(',')}, BENCH_WAKE_ROUNDS=${ROUNDS}, BENCH_WAKE_WARM=${WARM}); boxes of 250m / 256Mi on the real node (runc), ` +
-    `incompressible workspaces, the local cluster's versitygw on loopback, operator and bridge as their own processes.\n\n${table}\n`;
+    `incompressible workspaces, the local cluster's versitygw on loopback; the operator (its own process) puts boxes to sleep after ` +
+    `${SLEEP_AFTER_SECONDS} s idle, the bridge (its own process) wakes them. Previous run: ${previous ? previous.date : 'none found'}.\n\n${table}\n\n` +
+    `Sleeps counted by the operator (sandbox_operator_sleeps_total): ${Object.entries(sleeps).map(([o, n]) => `${o} ${n}`).join(', ') || 'none'}. ` +
+    `Its API requests per sleep, naming the box's record or pod (mean over ${wakes.length} sleeps, through an API proxy): ` +
+    `${perSleepTotal.toFixed(1)} (${Object.entries(perSleep).sort(([a], [b]) => a.localeCompare(b)).map(([k, n]) => `${k} ${n.toFixed(1)}`).join(', ')}).\n`;
   writeResults(ROOT, 'wake', md, results);
   process.stdout.write(`${md}\n`);
 }
