@@ -60,24 +60,6 @@ export type MountOutputsRequest = z.input<typeof S.MountOutputsRequest>;
 export type OutputsMount = z.output<typeof S.OutputsMounted>;
 export type SessionOutputs = z.output<typeof S.SessionOutputList>;
 
-// Memory stores: written here by hand from the route contract until their zod schemas are in
-// bridge/schemas.ts; then each becomes z.input/z.output of its schema, like the types above.
-export interface MountMemoryRequest {
-  store_name: string;
-  store_id: string;
-  read_only: boolean;
-}
-export interface MemoryMount {
-  path: string;
-  store_name: string;
-  store_id: string;
-  read_only: boolean;
-  files: number;
-  bytes: number;
-}
-export interface MemorySynced {
-  store_name: string;
-  store_id: string;
-  files: number;
-  bytes: number;
-}
+export type MountMemoryRequest = z.input<typeof S.MountMemoryRequest>;
+export type MemoryMount = z.output<typeof S.MemoryMounted>;
+export type MemorySynced = z.output<typeof S.MemorySynced>;
