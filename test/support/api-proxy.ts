@@ -93,7 +93,9 @@ export class ApiProxy {
           answer.pipe(res);
           return;
         }
-        // A watch: its events pass only while not held; once held, they queue up in order.
+        // A watch: its headers go out now (a watch with no event yet would otherwise leave its
+        // client waiting for them); its events pass only while not held, or queue up in order.
+        res.flushHeaders();
         let queue: Buffer[] | undefined;
         answer.on('data', (chunk: Buffer) => {
           if (queue) return void queue.push(chunk);

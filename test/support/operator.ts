@@ -207,7 +207,13 @@ export async function startOperator(options: OperatorOptions): Promise<OperatorP
     const res = await fetch(`http://127.0.0.1:${port}/readyz`).catch(() => undefined);
     return res?.ok ? true : undefined;
   });
-  const outcome = await Promise.race([ready, exited.then((code) => ({ code }))]);
+  const outcome = await Promise.race([
+    ready.catch((err: unknown) => {
+      proc.kill('SIGKILL');
+      throw new Error(`${err instanceof Error ? err.message : String(err)}; its log:\n${output.slice(-4000)}`);
+    }),
+    exited.then((code) => ({ code })),
+  ]);
   if (typeof outcome === 'object') {
     exitedEarly = true;
     throw new Error(`operator exited with ${outcome.code}:\n${output}`);
