@@ -216,6 +216,27 @@ suite('warm boxes', () => {
     await Promise.all(made.map((id) => callA('DELETE', `/boxes/${id}`)));
     await waitWarm(WARM, 'the pool to grow back');
   }, 240_000);
+
+  test('a burst through one replica as large as the ready warm boxes is served warm, every create (no cold fallback)', async () => {
+    // More ready warm pods than a create tries (5): creates racing each other in one replica must
+    // not pick the same pods and fall back cold while others are still free.
+    const BURST = 8;
+    await waitFor('earlier boxes to be gone', async () =>
+      (await core.listNamespacedPod({ namespace: pool.ns, labelSelector: LABELS.boxId })).items.length === 0 ? true : undefined,
+    { timeoutMs: 60_000 });
+    await pools.patchSpec(pool.name, { warm: { count: BURST } });
+    await waitWarm(BURST);
+    // The bridge's cache must show them all ready too before the burst.
+    await new Promise((r) => setTimeout(r, 1_000));
+    const warmNames = new Set((await warmPods()).map((p) => p.metadata!.name));
+    const results = await Promise.all(Array.from({ length: BURST }, (_, i) => callA('POST', '/boxes', { sessionId: `burst-${i}` })));
+    expect(results.map((r) => r.status)).toEqual(Array(BURST).fill(201));
+    const served = results.map((r) => r.json.pod_name as string);
+    expect(served.filter((name) => !warmNames.has(name))).toEqual([]);
+    expect(new Set(served).size).toBe(BURST);
+    await Promise.all(results.map((r) => callA('DELETE', `/boxes/${r.json.box_id}`)));
+    await pools.patchSpec(pool.name, { warm: { count: WARM } });
+  }, 180_000);
 });
 
 /** SIGKILLs the boxd of each pod (found by its cgroup, which names the pod UID); returns how many. */
