@@ -1,0 +1,3 @@
+module sandbox-bridge.io/gateway
+
+go 1.25.0
