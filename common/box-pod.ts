@@ -75,6 +75,7 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
       annotations: {
         [BOXD_VERSION_ANNOTATION]: BOXD_PROTOCOL_VERSION,
         [BOXD_NONCE_ANNOTATION]: p.nonce,
+        ...mem?.annotations,
       },
     },
     spec: {

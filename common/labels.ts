@@ -76,6 +76,8 @@ export const ANNOTATIONS = {
    * One annotation each, so two mounts at once never overwrite each other's.
    */
   memoryMount: `${API_GROUP}/memory-mount-`,
+  /** On a box pod: "true" when it has the memory-store sidecar (the bridge's pod cache keeps no init containers). */
+  memoryStores: `${API_GROUP}/memory-stores`,
 } as const;
 
 /** app.kubernetes.io/component values of the Secrets boxes use. */

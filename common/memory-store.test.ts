@@ -1,6 +1,6 @@
 import { buildBoxPod } from './box-pod.js';
 import { ANNOTATIONS } from './labels.js';
-import { BOXD_MOUNTS_PORT, isStoreName, isStorePath, memoryMountsOf, mountAnnotation, mountAnnotationKey, mountStep, syncPlan, type MemoryMount } from './memory-store.js';
+import { BOXD_MOUNTS_PORT, hasMountsSidecar, isStoreName, isStorePath, memoryMountsOf, mountAnnotation, mountAnnotationKey, mountStep, syncPlan, type MemoryMount } from './memory-store.js';
 import { POOL_DEFAULTS } from './pool.js';
 
 test('store names and file paths: one clean component / a clean relative path', () => {
@@ -61,6 +61,8 @@ test('a pool with memory stores: the sidecar, the read-only mount in the box, th
     secretName: 'b',
   });
   const pod = buildBoxPod(params(true));
+  expect(hasMountsSidecar(pod)).toBe(true);
+  expect(hasMountsSidecar(buildBoxPod(params(false)))).toBe(false);
   const sidecar = pod.spec!.initContainers!.find((c) => c.name === 'mounts')!;
   expect(sidecar).toMatchObject({ image: 'boxd:1', args: ['mounts'], restartPolicy: 'Always', ports: [{ containerPort: BOXD_MOUNTS_PORT }] });
   expect(sidecar.securityContext).toMatchObject({ readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: { drop: ['ALL'] } });

@@ -128,6 +128,7 @@ export function memoryPodParts(policy: MemoryStorePolicy | undefined, boxdImage:
   };
   return {
     sidecar,
+    annotations: { [ANNOTATIONS.memoryStores]: 'true' },
     boxMounts: [
       { name: 'memory', mountPath: MEMORY_DIR, readOnly: true },
       { name: 'memory-rw', mountPath: MEMORY_RW_DIR },
@@ -139,9 +140,9 @@ export function memoryPodParts(policy: MemoryStorePolicy | undefined, boxdImage:
   };
 }
 
-/** Whether a pod has the sidecar (a pod made before its pool turned memory stores on has not). */
+/** Whether a pod has the sidecar (a pod made before its pool turned memory stores on has not), by its annotation. */
 export function hasMountsSidecar(pod: k8s.V1Pod | undefined): boolean {
-  return !!pod?.spec?.initContainers?.some((c) => c.name === MOUNTS_CONTAINER);
+  return pod?.metadata?.annotations?.[ANNOTATIONS.memoryStores] === 'true';
 }
 
 /** The sidecar's client, as bridge and operator both use it. */

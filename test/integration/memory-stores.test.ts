@@ -175,7 +175,7 @@ suite('memory stores on the real node with the real store', () => {
   }, 240_000);
 
   test('a pool without memory stores answers 409 naming the setting', async () => {
-    const off = await env.pools.createReady({ maxBoxes: 2, box: ON_REAL_NODE.box });
+    const off = await env.pools.createReady({ maxBoxes: 3, box: ON_REAL_NODE.box });
     const other = await startTestBridge(kc, undefined, { POOL_NAME: off.name, SANDBOX_NAMESPACE: off.ns, ...env.storeEnv });
     try {
       const c = api(other);
