@@ -1,0 +1,216 @@
+// egress-gateway is sandbox-bridge's egress gateway: the HTTP proxy boxes of a gateway-mode
+// pool reach the internet through (docs/egress.md). This file only wires the packages together.
+//
+//	egress-gateway [serve]           serve (flags below, each with an EGRESS_* environment default)
+//	egress-gateway credential BOXID  print BOXID's proxy credential under the key file's first key
+//	egress-gateway version
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"sandbox-bridge.io/gateway/certs"
+	"sandbox-bridge.io/gateway/identity"
+	"sandbox-bridge.io/gateway/metrics"
+	"sandbox-bridge.io/gateway/proxy"
+	"sandbox-bridge.io/gateway/source"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+type config struct {
+	listen, metricsListen     string
+	policyFile, keyFile       string
+	caCert, caKey, upstreamCA string
+	idle, hello, dial         time.Duration
+	allowPrivateUpstreams     bool
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v := os.Getenv(name); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+		return -1
+	}
+	return def
+}
+
+func parseFlags(args []string) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("egress-gateway", flag.ContinueOnError)
+	fs.StringVar(&c.listen, "listen", env("EGRESS_LISTEN", ":3128"), "proxy address (EGRESS_LISTEN)")
+	fs.StringVar(&c.metricsListen, "metrics-listen", env("EGRESS_METRICS_LISTEN", ":9090"), "metrics, /healthz and /readyz address (EGRESS_METRICS_LISTEN)")
+	fs.StringVar(&c.policyFile, "policy-file", env("EGRESS_POLICY_FILE", ""), "JSON state file: pools, boxes, credentials (EGRESS_POLICY_FILE, required)")
+	fs.StringVar(&c.keyFile, "key-file", env("EGRESS_KEY_FILE", ""), "proxy credential keys, one per line, the first signs (EGRESS_KEY_FILE, required)")
+	fs.StringVar(&c.caCert, "ca-cert", env("EGRESS_CA_CERT", ""), "interception CA certificate, PEM (EGRESS_CA_CERT; without it no interception)")
+	fs.StringVar(&c.caKey, "ca-key", env("EGRESS_CA_KEY", ""), "interception CA private key, PEM (EGRESS_CA_KEY)")
+	fs.StringVar(&c.upstreamCA, "upstream-ca", env("EGRESS_UPSTREAM_CA", ""), "extra CA bundle, PEM, trusted for intercepted hosts besides the system roots (EGRESS_UPSTREAM_CA)")
+	fs.DurationVar(&c.idle, "idle-timeout", envDuration("EGRESS_IDLE_TIMEOUT", 5*time.Minute), "close a connection idle this long (EGRESS_IDLE_TIMEOUT)")
+	fs.DurationVar(&c.hello, "hello-timeout", envDuration("EGRESS_HELLO_TIMEOUT", 10*time.Second), "wait for a box's ClientHello or TLS handshake (EGRESS_HELLO_TIMEOUT)")
+	fs.DurationVar(&c.dial, "dial-timeout", envDuration("EGRESS_DIAL_TIMEOUT", 10*time.Second), "upstream dial timeout (EGRESS_DIAL_TIMEOUT)")
+	fs.BoolVar(&c.allowPrivateUpstreams, "allow-private-upstreams", env("EGRESS_ALLOW_PRIVATE_UPSTREAMS", "") == "true",
+		"dial loopback, private, link-local and other non-public addresses a name resolves to (EGRESS_ALLOW_PRIVATE_UPSTREAMS=true)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	case c.policyFile == "":
+		return c, errors.New("-policy-file (EGRESS_POLICY_FILE) is required")
+	case c.keyFile == "":
+		return c, errors.New("-key-file (EGRESS_KEY_FILE) is required")
+	case (c.caCert == "") != (c.caKey == ""):
+		return c, errors.New("-ca-cert and -ca-key go together")
+	case c.idle <= 0 || c.hello <= 0 || c.dial <= 0:
+		return c, errors.New("timeouts must be positive durations (e.g. 30s, 5m)")
+	}
+	return c, nil
+}
+
+func main() {
+	args := os.Args[1:]
+	cmd := "serve"
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "credential" || args[0] == "version") {
+		cmd, args = args[0], args[1:]
+	}
+	var err error
+	switch cmd {
+	case "serve":
+		var c config
+		if c, err = parseFlags(args); err == nil {
+			err = serve(c)
+		} else if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+	case "credential":
+		err = printCredential(args)
+	case "version":
+		fmt.Println(version)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "egress-gateway: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func printCredential(args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: EGRESS_KEY_FILE=PATH egress-gateway credential BOXID")
+	}
+	keys, err := identity.LoadKeys(env("EGRESS_KEY_FILE", ""))
+	if err != nil {
+		return err
+	}
+	fmt.Println(keys.Credential(args[0]))
+	return nil
+}
+
+func serve(c config) error {
+	log := slog.New(slog.NewJSONHandler(os.Stdout, nil))
+	keys, err := identity.LoadKeys(c.keyFile)
+	if err != nil {
+		return err
+	}
+	var ca *certs.Authority
+	if c.caCert != "" {
+		if ca, err = certs.New(c.caCert, c.caKey); err != nil {
+			return err
+		}
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil || roots == nil {
+		roots = x509.NewCertPool()
+	}
+	if c.upstreamCA != "" {
+		pem, err := os.ReadFile(c.upstreamCA)
+		if err != nil {
+			return fmt.Errorf("upstream CA bundle: %w", err)
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("upstream CA bundle %s holds no certificate", c.upstreamCA)
+		}
+	}
+	m := metrics.New()
+	src := &source.File{Path: c.policyFile, Log: log, OnLoad: m.Reload}
+	if err := src.Load(); err != nil {
+		// Serve anyway (not ready, every request 503) and keep polling: the file may come later.
+		log.Error("policy not loaded", "path", c.policyFile, "error", err.Error())
+	}
+	dialer := &net.Dialer{Timeout: c.dial, KeepAlive: 30 * time.Second}
+	if !c.allowPrivateUpstreams {
+		dialer.Control = refusePrivate
+	}
+	p := proxy.New(proxy.Config{
+		Source: src, Keys: keys, CA: ca, UpstreamRoots: roots, Dial: dialer.DialContext, Log: log, Metrics: m,
+		IdleTimeout: c.idle, HelloTimeout: c.hello, DialTimeout: c.dial,
+	})
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go src.Run(ctx)
+
+	pl, err := net.Listen("tcp", c.listen)
+	if err != nil {
+		return err
+	}
+	ml, err := net.Listen("tcp", c.metricsListen)
+	if err != nil {
+		return err
+	}
+	proxySrv := &http.Server{Handler: p, ReadHeaderTimeout: c.hello, IdleTimeout: c.idle,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	metricsSrv := &http.Server{Handler: m.Handler(func() bool { return src.Current() != nil }), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 2)
+	go func() { errc <- proxySrv.Serve(pl) }()
+	go func() { errc <- metricsSrv.Serve(ml) }()
+	log.Info("egress-gateway serving", "version", version, "proxy", pl.Addr().String(), "metrics", ml.Addr().String(),
+		"interception", ca != nil, "private_upstreams", c.allowPrivateUpstreams)
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+		// Stop taking connections; hijacked tunnels end on their own (idle timeout) or with the pod.
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		proxySrv.Shutdown(sctx)
+		metricsSrv.Shutdown(sctx)
+	}
+	return err
+}
+
+// refusePrivate refuses upstream addresses that are not public unicast: a name an allowed
+// pattern covers must not lead a box to the cluster, the node or the cloud metadata service.
+func refusePrivate(network, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return err
+	}
+	a := ap.Addr().Unmap()
+	if a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() ||
+		a.IsMulticast() || a.IsUnspecified() || a.IsInterfaceLocalMulticast() ||
+		netip.MustParsePrefix("100.64.0.0/10").Contains(a) {
+		return fmt.Errorf("refusing non-public upstream address %s", a)
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"sandbox-bridge.io/gateway/policy"
+)
+
+// intercept terminates the box's TLS with a leaf for host from the CA, and forwards each
+// request to the real host over TLS (verified against UpstreamRoots) with the box's registered
+// headers set, replacing any the box sent under those names. The state is read again for every
+// request: a policy or credential change applies to the next request on an open connection.
+func (p *Proxy) intercept(w http.ResponseWriter, rec *record, host, port string) {
+	if p.cfg.CA == nil {
+		rec.decision, rec.rule = "error", "intercept:no-ca"
+		p.refuse(w, rec, http.StatusBadGateway, "bad_gateway",
+			fmt.Sprintf("credentials are registered for %s but the gateway has no CA to intercept with", host))
+		return
+	}
+	client, ok := p.hijack(w, rec)
+	if !ok {
+		return
+	}
+	defer client.Close()
+	raw, ok := p.checkHello(client, rec, host)
+	if !ok {
+		return
+	}
+	rec.up -= int64(len(raw)) // counted again by the counter below, on replay
+	rec.decision = "intercept"
+	counted := &countConn{Conn: &bufConn{Conn: client, r: io.MultiReader(bytes.NewReader(raw), client)}}
+	tconn := tls.Server(counted, &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"},
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			c, err := p.cfg.CA.Leaf(host)
+			if err != nil && c != nil {
+				p.cfg.Log.Error("CA files changed but do not load; the previous CA stays in force", "error", err.Error())
+				err = nil
+			}
+			return c, err
+		},
+	})
+	defer func() { rec.up += counted.in.Load(); rec.down += counted.out.Load() }()
+	tconn.SetDeadline(time.Now().Add(p.cfg.HelloTimeout))
+	if err := tconn.Handshake(); err != nil {
+		// Typically a client that does not trust the pool's CA (or pins the host's key).
+		rec.decision, rec.rule = "error", "intercept:handshake"
+		return
+	}
+	tconn.SetDeadline(time.Time{})
+	hp := hostPort(host, port, "443")
+	br := bufio.NewReader(tconn)
+	for {
+		tconn.SetReadDeadline(time.Now().Add(p.cfg.IdleTimeout))
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return // EOF, idle, or not HTTP/1.x: the connection ends
+		}
+		tconn.SetReadDeadline(time.Time{})
+		rec.requests++
+		if !p.exchange(tconn, req, rec, host, hp) {
+			return
+		}
+	}
+}
+
+// exchange relays one request and its answer; false ends the connection.
+func (p *Proxy) exchange(conn net.Conn, req *http.Request, rec *record, host, hp string) bool {
+	defer req.Body.Close()
+	st := p.cfg.Source.Current()
+	box := st.Boxes[rec.box]
+	if box == nil || box.Addr() != rec.client {
+		writeAnswer(conn, http.StatusProxyAuthRequired, "unauthorized", "this box is no longer registered at the gateway", host, "identity")
+		rec.rule = "identity"
+		return false
+	}
+	if d := policy.Decide(st.Pools[box.Pool], box.Policy(), host, false); !d.Allow {
+		writeAnswer(conn, http.StatusForbidden, "forbidden", fmt.Sprintf("egress to %s is not allowed for this box (rule %s)", host, d.Rule), host, d.Rule)
+		rec.rule = d.Rule
+		return false
+	}
+	if req.Header.Get("Upgrade") != "" {
+		writeAnswer(conn, http.StatusNotImplemented, "not_implemented", "protocol upgrades (WebSocket) are not relayed on intercepted connections", host, "intercept:upgrade")
+		return false
+	}
+	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
+		io.WriteString(conn, "HTTP/1.1 100 Continue\r\n\r\n")
+		req.Header.Del("Expect")
+	}
+	// The request goes to the CONNECT host whatever the box wrote in Host or the target.
+	req.URL.Scheme, req.URL.Host, req.Host, req.RequestURI = "https", hp, "", ""
+	removeHopByHop(req.Header)
+	for name, v := range box.Headers(host) {
+		req.Header[name] = []string{v} // names are canonical (source.Parse), as ReadRequest's are
+	}
+	start := time.Now()
+	resp, err := p.transport.RoundTrip(req)
+	if err != nil {
+		writeAnswer(conn, http.StatusBadGateway, "bad_gateway", fmt.Sprintf("%s did not answer: TLS or connection failure", host), host, "upstream:request")
+		return false
+	}
+	defer resp.Body.Close()
+	if rec.requests == 1 {
+		p.cfg.Metrics.Connected(time.Since(start))
+	}
+	removeHopByHop(resp.Header)
+	// Answer in HTTP/1.1 whatever the host spoke; an unknown length is chunked.
+	resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/1.1", 1, 1
+	resp.TransferEncoding = nil
+	if resp.ContentLength < 0 && req.Method != http.MethodHead && resp.StatusCode >= 200 &&
+		resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotModified {
+		resp.TransferEncoding = []string{"chunked"}
+	}
+	conn.SetWriteDeadline(time.Time{})
+	if err := resp.Write(conn); err != nil {
+		return false
+	}
+	return !req.Close && !resp.Close
+}
+
+// writeAnswer writes a proxy error as an HTTP/1.1 response inside an intercepted connection.
+func writeAnswer(conn net.Conn, status int, typ, message, host, rule string) {
+	body, _ := json.Marshal(map[string]any{"error": map[string]string{"type": typ, "message": message, "host": host, "rule": rule}})
+	fmt.Fprintf(conn, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nX-Egress-Rule: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		status, http.StatusText(status), rule, len(body)+1, string(body)+"\n")
+}
+
+// countConn counts the bytes read from (up) and written to (down) the box.
+type countConn struct {
+	net.Conn
+	in, out atomic.Int64
+}
+
+func (c *countConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.in.Add(int64(n))
+	return n, err
+}
+
+func (c *countConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.out.Add(int64(n))
+	return n, err
+}

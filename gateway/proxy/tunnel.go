@@ -1,0 +1,188 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"sandbox-bridge.io/gateway/policy"
+	"sandbox-bridge.io/gateway/sni"
+	"sandbox-bridge.io/gateway/source"
+)
+
+// connect serves CONNECT host:port: policy, then interception (registered headers) or
+// pass-through.
+func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, rec *record, st *source.State, box *source.Box) {
+	host, port, err := net.SplitHostPort(r.Host)
+	h, ok := "", false
+	if err == nil {
+		h, ok = policy.Normalize(host)
+	}
+	if !ok || !validPort(port) {
+		rec.host, rec.decision, rec.rule = r.Host, "deny", "host:invalid"
+		p.refuse(w, rec, http.StatusBadRequest, "invalid_request", "CONNECT needs host:port")
+		return
+	}
+	rec.host, rec.port = h, port
+	d := policy.Decide(st.Pools[box.Pool], box.Policy(), h, false)
+	rec.rule = d.Rule
+	if !d.Allow {
+		rec.decision = "deny"
+		p.refuse(w, rec, http.StatusForbidden, "forbidden",
+			fmt.Sprintf("egress to %s is not allowed for this box (rule %s)", h, d.Rule))
+		return
+	}
+	if box.Headers(h) != nil {
+		p.intercept(w, rec, h, port)
+		return
+	}
+	p.passThrough(w, r, rec, h, port)
+}
+
+// passThrough dials the host, answers 200, checks the ClientHello's server name and splices.
+func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request, rec *record, host, port string) {
+	up, err := p.dial(r.Context(), "tcp", net.JoinHostPort(host, port))
+	if err != nil {
+		rec.decision, rec.rule = "error", "upstream:dial"
+		p.refuse(w, rec, http.StatusBadGateway, "bad_gateway", fmt.Sprintf("could not reach %s:%s", host, port))
+		return
+	}
+	defer up.Close()
+	p.cfg.Metrics.Connected(time.Since(rec.start))
+	client, ok := p.hijack(w, rec)
+	if !ok {
+		return
+	}
+	defer client.Close()
+	raw, ok := p.checkHello(client, rec, host)
+	if !ok {
+		return
+	}
+	rec.decision = "allow"
+	up.SetWriteDeadline(time.Now().Add(p.cfg.IdleTimeout))
+	if _, err := up.Write(raw); err != nil {
+		return
+	}
+	rec.up += int64(len(raw))
+	u, d := splice(client, up, p.cfg.IdleTimeout)
+	rec.up += u
+	rec.down += d
+}
+
+// hijack takes the box's connection and answers 200; the returned conn reads through the
+// server's buffer (a client may send its ClientHello right behind the CONNECT).
+func (p *Proxy) hijack(w http.ResponseWriter, rec *record) (net.Conn, bool) {
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		rec.decision, rec.rule = "error", "gateway:hijack"
+		p.refuse(w, rec, http.StatusInternalServerError, "internal_error", "cannot take over the connection")
+		return nil, false
+	}
+	rec.status = http.StatusOK
+	conn.SetWriteDeadline(time.Now().Add(p.cfg.HelloTimeout))
+	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		conn.Close()
+		rec.decision, rec.rule = "error", "client:write"
+		return nil, false
+	}
+	conn.SetWriteDeadline(time.Time{})
+	return &bufConn{Conn: conn, r: brw.Reader}, true
+}
+
+// tlsAccessDenied is a fatal TLS alert record, access_denied (49): what a box refused after
+// the 200 sees (the proxy can no longer answer with an HTTP status).
+var tlsAccessDenied = []byte{21, 3, 3, 0, 2, 2, 49}
+
+// checkHello reads the box's ClientHello and accepts it only when its server name is host.
+// It returns the bytes read, to be replayed.
+func (p *Proxy) checkHello(client net.Conn, rec *record, host string) ([]byte, bool) {
+	client.SetReadDeadline(time.Now().Add(p.cfg.HelloTimeout))
+	name, raw, err := sni.Peek(client)
+	client.SetReadDeadline(time.Time{})
+	rec.up += int64(len(raw))
+	norm, _ := policy.Normalize(name)
+	switch {
+	case errors.Is(err, sni.ErrNotTLS):
+		rec.rule = "sni:not-tls"
+	case err != nil:
+		rec.rule = "sni:unreadable"
+	case name == "":
+		rec.rule = "sni:missing"
+	case norm != host:
+		rec.rule = "sni:mismatch"
+	default:
+		return raw, true
+	}
+	rec.decision = "deny"
+	client.SetWriteDeadline(time.Now().Add(time.Second))
+	client.Write(tlsAccessDenied)
+	return nil, false
+}
+
+// bufConn reads through r (a buffer holding bytes already read from Conn).
+type bufConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *bufConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+func (c *bufConn) CloseWrite() error { return closeWrite(c.Conn) }
+
+func closeWrite(c net.Conn) error {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Close()
+}
+
+// splice copies a->b and b->a until both directions ended, passing a half-close on, and closes
+// both after idle with no byte either way. It returns the bytes copied a->b and b->a.
+func splice(a, b net.Conn, idle time.Duration) (ab, ba int64) {
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	var once sync.Once
+	closeBoth := func() { once.Do(func() { a.Close(); b.Close() }) }
+	pump := func(dst, src net.Conn, n *int64) {
+		buf := make([]byte, 32<<10)
+		for {
+			src.SetReadDeadline(time.Now().Add(idle))
+			k, err := src.Read(buf)
+			if k > 0 {
+				last.Store(time.Now().UnixNano())
+				dst.SetWriteDeadline(time.Now().Add(idle))
+				w, werr := dst.Write(buf[:k])
+				*n += int64(w)
+				if werr != nil {
+					closeBoth()
+					return
+				}
+			}
+			if err == nil {
+				continue
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) && time.Since(time.Unix(0, last.Load())) < idle {
+				continue // the other direction is busy: the connection is not idle
+			}
+			if errors.Is(err, io.EOF) {
+				closeWrite(dst)
+				return
+			}
+			closeBoth()
+			return
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); pump(b, a, &ab) }()
+	pump(a, b, &ba)
+	wg.Wait()
+	closeBoth()
+	return ab, ba
+}
