@@ -265,3 +265,45 @@ suite('sandbox-bridge/platform: ClusterBridgeExecutor on the real node', () => {
     await until('the session to have no box', async () => ((await client.sandboxes({ sessionId })).sandboxes.length === 0 ? true : undefined));
   }, 300_000);
 });
+
+// The memory-store routes are tested in memory-stores.test.ts; here, only that the executor's
+// mountMemoryStore reaches them, in a pool with memory stores on.
+suite('sandbox-bridge/platform: mountMemoryStore through the executor', () => {
+  let env: LifecycleEnv;
+  let bridge: RunningBridge;
+  let client: BridgeClient;
+  const executors: ClusterBridgeExecutor[] = [];
+  const executor = (name: string) => {
+    const e = ClusterBridgeExecutor.fromEnv({
+      sessionId: `platform-${name}-${randomBytes(4).toString('hex')}`,
+      env: { SANDBOX_PROVIDER: 'cluster-bridge', CLUSTER_BRIDGE_URL: bridge.url, CLUSTER_BRIDGE_TOKEN: TEST_TOKEN, CLUSTER_CPU: '0.25', CLUSTER_MEMORY: '256' },
+      fetch: checkedFetch(),
+    });
+    executors.push(e);
+    return e;
+  };
+
+  beforeAll(async () => {
+    env = await startLifecycle({ name: 'platform-mem', pool: { maxBoxes: 6, box: { ...ON_REAL_NODE.box, memoryStores: { enabled: true } } } });
+    bridge = env.bridges[0]!;
+    client = testClient(bridge);
+  }, 120_000);
+
+  afterAll(async () => {
+    await Promise.all(executors.map((e) => e.destroy().catch(() => undefined)));
+    await env?.stop();
+  }, 60_000);
+
+  test("a read-write store's file, synced, is in another session's read-only mount, where box code cannot write", async () => {
+    const storeId = `st-${randomBytes(4).toString('hex')}`;
+    const writer = executor('mem-writer');
+    await writer.mountMemoryStore({ storeName: 'notes', storeId, readOnly: false });
+    expect(await writer.exec('echo remembered > /mnt/memory/notes/fact.txt && cat /mnt/memory/notes/fact.txt')).toBe('remembered');
+    expect(await client.syncMemoryStore(writer.boxId!, 'notes')).toMatchObject({ store_name: 'notes', store_id: storeId, files: 1 });
+
+    const reader = executor('mem-reader');
+    await reader.mountMemoryStore({ storeName: 'notes', storeId, readOnly: true });
+    expect(await reader.exec('cat /mnt/memory/notes/fact.txt')).toBe('remembered');
+    expect(await reader.exec('echo x > /mnt/memory/notes/new.txt')).toMatch(/Read-only file system\n\[exit [12]\]$/);
+  }, 180_000);
+});
