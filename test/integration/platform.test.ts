@@ -10,7 +10,7 @@ import { ClusterBridgeExecutor } from '../../client/platform.js';
 import { ON_REAL_NODE, TEST_TOKEN, testClient } from '../support/bridge.js';
 import { realNodeAvailable } from '../support/cluster.js';
 import { checkedFetch } from '../support/contract.js';
-import { kc, startLifecycle, until, type LifecycleEnv } from '../support/lifecycle.js';
+import { kc, record, startLifecycle, until, type LifecycleEnv } from '../support/lifecycle.js';
 import { localObjectStore } from '../support/object-store.js';
 
 const realNode = await realNodeAvailable(kc);
@@ -131,6 +131,11 @@ suite('sandbox-bridge/platform: ClusterBridgeExecutor on the real node', () => {
     const scan = `cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c "${secret.slice(0, half)}""${secret.slice(half)}"`;
     expect(await e.exec(scan)).toBe('0\n[exit 1]');
     await e.writeFile('keep.txt', 'kept');
+    // Nor in the box's record (its Secret: the box env's durable copy, annotations, labels).
+    const rec = await record(env.pool.ns, e.boxId!);
+    expect(rec).toBeDefined();
+    const recText = JSON.stringify(rec) + Object.values(rec!.data ?? {}).map((v) => Buffer.from(v, 'base64').toString('latin1')).join('');
+    expect(recText).not.toContain(secret);
 
     // A snapshot of the box carries neither the secret in its env nor anywhere a fork can see.
     const backup = await e.createWorkspaceBackup({ name: 'secrets', ttlSec: 600 });
