@@ -89,6 +89,9 @@ suite('the platform port routes on the real node with the real store', () => {
       expect(kept.status).toBe(200);
       expect(kept.json.box_id).toBe(box);
       expect(Date.parse(kept.json.last_active_at)).toBeGreaterThanOrEqual(before - 1000);
+      // The answer is the activity written on the box's pod (what the operator decides by).
+      const current = (await boxPods(env.pool.ns, box)).find((p) => !p.metadata?.deletionTimestamp);
+      expect(current?.metadata?.annotations?.[ANNOTATIONS.lastActive]).toBe(kept.json.last_active_at);
       expect((await status(call, box)).status).toBe('Running');
       await new Promise((r) => setTimeout(r, 1500));
     }
