@@ -176,6 +176,12 @@ suite('sandbox-bridge/platform: ClusterBridgeExecutor on the real node', () => {
     // No helper box is left behind.
     await until('the helper box to go', async () => ((await client.sandboxes()).sandboxes.some((b) => b.session_id.endsWith('#restore')) ? undefined : true));
 
+    // A session with no box yet gets its box made from the backup (one fork, nothing to replace).
+    const fresh = executor(session('restore-fresh'));
+    expect(await fresh.restoreWorkspaceBackup(backup)).toEqual({ ok: true });
+    expect(await fresh.exec(TREE_SUM)).toBe(before);
+    expect((await client.status(fresh.boxId!)).session_id).toBe(fresh.sessionId);
+
     // Missing and expired handles: {ok: false, error}, never a throw.
     expect(await e.restoreWorkspaceBackup({ id: 'snap-does-not-exist', dir: '/workspace' })).toEqual({ ok: false, error: expect.stringMatching(/not found|not a snapshot id/) });
     await client.deleteSnapshot(backup.id);
