@@ -170,6 +170,7 @@ func serve(c config) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go src.Run(ctx)
+	go p.Run(ctx) // close open tunnels a policy change no longer allows
 
 	pl, err := net.Listen("tcp", c.listen)
 	if err != nil {

@@ -59,6 +59,7 @@ func (p *Proxy) intercept(w http.ResponseWriter, rec *record, host, port string)
 		return
 	}
 	tconn.SetDeadline(time.Time{})
+	defer p.track(rec, client)()
 	hp := hostPort(host, port, "443")
 	br := bufio.NewReader(tconn)
 	for {

@@ -54,6 +54,7 @@ type Config struct {
 type Proxy struct {
 	cfg       Config
 	transport *http.Transport
+	open      tunnels
 }
 
 // New returns a Proxy.
@@ -110,6 +111,7 @@ type record struct {
 	status    int
 	up, down  int64
 	requests  int
+	revoked   string // the rule that closed this open tunnel after a policy change
 }
 
 func (p *Proxy) finish(rec *record) {
@@ -124,6 +126,9 @@ func (p *Proxy) finish(rec *record) {
 	}
 	if rec.requests > 0 {
 		attrs = append(attrs, "requests", rec.requests)
+	}
+	if rec.revoked != "" {
+		attrs = append(attrs, "revoked", rec.revoked)
 	}
 	p.cfg.Log.Info("egress", attrs...)
 }

@@ -65,6 +65,7 @@ type harness struct {
 	hostCA     *testpki.CA
 	proxyAddr  string
 	metrics    *metrics.Metrics
+	proxy      *Proxy
 	tlsAddr    string // every TLS test host name leads here
 	plainAddr  string // plain.test and api.test over plain HTTP lead here
 
@@ -173,6 +174,7 @@ func newHarness(t *testing.T) *harness {
 			return d.DialContext(ctx, network, target) // loopback only
 		},
 	})
+	h.proxy = p
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -576,5 +578,52 @@ func TestUpstreamFailure502AndMetrics(t *testing.T) {
 		if !strings.Contains(b.String(), want+"\n") {
 			t.Errorf("metrics lack %q:\n%s", want, b.String())
 		}
+	}
+}
+
+func TestPolicyChangeClosesOpenTunnels(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go h.proxy.Run(ctx)
+	open := func(host string) (*bufio.Reader, net.Conn) {
+		resp, c, _ := h.connect(host+":443", h.basic("box-a"))
+		if resp.StatusCode != 200 {
+			t.Fatalf("CONNECT %s: %d", host, resp.StatusCode)
+		}
+		roots := x509.NewCertPool()
+		roots.AddCert(h.hostCA.Cert)
+		roots.AddCert(h.gwCA.Cert)
+		tc := tls.Client(c, &tls.Config{ServerName: host, RootCAs: roots})
+		br := bufio.NewReader(tc)
+		io.WriteString(tc, "GET / HTTP/1.1\r\nHost: "+host+"\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("first request on the tunnel to %s: %v", host, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		return br, tc
+	}
+	apiReader, _ := open("api.test")       // pass-through
+	secureReader, _ := open("secure.test") // intercepted
+	keptReader, kept := open("a.example.test")
+	// Deny both hosts; a.example.test stays allowed.
+	h.setPolicy(strings.Replace(basePolicy, `"deny": ["bad.example.test"]`, `"deny": ["bad.example.test", "api.test", "secure.test"]`, 1))
+	start := time.Now()
+	for name, br := range map[string]*bufio.Reader{"api.test": apiReader, "secure.test": secureReader} {
+		if _, err := br.ReadByte(); err == nil {
+			t.Fatalf("%s: the tunnel sent a byte instead of closing", name)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("%s: closed only after %v", name, d)
+		}
+		if d := h.waitDecision(name); d["revoked"] != "pool.deny:"+name {
+			t.Fatalf("%s: decision log %v", name, d)
+		}
+	}
+	// The still-allowed tunnel still works.
+	io.WriteString(kept, "GET / HTTP/1.1\r\nHost: a.example.test\r\n\r\n")
+	if resp, err := http.ReadResponse(keptReader, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("an allowed tunnel was disturbed: %v", err)
 	}
 }

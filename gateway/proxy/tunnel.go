@@ -70,6 +70,7 @@ func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request, rec *record,
 		return
 	}
 	rec.up += int64(len(raw))
+	defer p.track(rec, client)()
 	u, d := splice(client, up, p.cfg.IdleTimeout)
 	rec.up += u
 	rec.down += d
