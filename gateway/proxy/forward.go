@@ -56,7 +56,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rec *record, st 
 	resp, err := p.transport.RoundTrip(out)
 	rec.up = body.n
 	if err != nil {
-		rec.decision, rec.rule = "error", "upstream:request"
+		rec.decision, rec.rule, rec.err = "error", "upstream:request", err.Error()
 		p.refuse(w, rec, http.StatusBadGateway, "bad_gateway", fmt.Sprintf("%s did not answer", h))
 		return
 	}

@@ -55,7 +55,7 @@ func (p *Proxy) intercept(w http.ResponseWriter, rec *record, host, port string)
 	tconn.SetDeadline(time.Now().Add(p.cfg.HelloTimeout))
 	if err := tconn.Handshake(); err != nil {
 		// Typically a client that does not trust the pool's CA (or pins the host's key).
-		rec.decision, rec.rule = "error", "intercept:handshake"
+		rec.decision, rec.rule, rec.err = "error", "intercept:handshake", err.Error()
 		return
 	}
 	tconn.SetDeadline(time.Time{})
@@ -108,6 +108,7 @@ func (p *Proxy) exchange(conn net.Conn, req *http.Request, rec *record, host, hp
 	start := time.Now()
 	resp, err := p.transport.RoundTrip(req)
 	if err != nil {
+		rec.err = err.Error()
 		writeAnswer(conn, http.StatusBadGateway, "bad_gateway", fmt.Sprintf("%s did not answer: TLS or connection failure", host), host, "upstream:request")
 		return false
 	}

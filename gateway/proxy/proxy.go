@@ -112,6 +112,8 @@ type record struct {
 	up, down  int64
 	requests  int
 	revoked   string // the rule that closed this open tunnel after a policy change
+	claimed   string // the box id an unauthenticated request claimed (not verified)
+	err       string // what failed, for "error" decisions (never a header value)
 }
 
 func (p *Proxy) finish(rec *record) {
@@ -130,6 +132,12 @@ func (p *Proxy) finish(rec *record) {
 	if rec.revoked != "" {
 		attrs = append(attrs, "revoked", rec.revoked)
 	}
+	if rec.claimed != "" {
+		attrs = append(attrs, "claimed_box", rec.claimed)
+	}
+	if rec.err != "" {
+		attrs = append(attrs, "error", rec.err)
+	}
 	p.cfg.Log.Info("egress", attrs...)
 }
 
@@ -145,6 +153,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
 		rec.client = ap.Addr().Unmap()
 	}
+	// Until the request is decided, the log names the host as asked (CONNECT target or URL).
+	rec.host = r.URL.Hostname()
+	if r.Method == http.MethodConnect {
+		rec.host = r.Host
+		if h, _, err := net.SplitHostPort(r.Host); err == nil {
+			rec.host = h
+		}
+	}
 	st := p.cfg.Source.Current()
 	if st == nil {
 		rec.decision, rec.rule = "error", "gateway:not-ready"
@@ -158,6 +174,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// One answer for a missing credential, a bad one and a good one used from another
 		// address: the box learns nothing about which it was.
 		rec.decision, rec.rule = "unauthenticated", "identity"
+		if len(user) <= 63 {
+			rec.claimed = user
+		}
 		w.Header().Set("Proxy-Authenticate", `Basic realm="`+identity.Realm+`"`)
 		p.refuse(w, rec, http.StatusProxyAuthRequired, "unauthorized",
 			"a box's proxy credential is required (Proxy-Authorization: Basic box-id:credential) from the box's own address")

@@ -445,7 +445,7 @@ func TestAnotherBoxsCredentialFromThisIPRefused(t *testing.T) {
 	if resp.StatusCode != 407 {
 		t.Fatalf("box-b's credential from box-a's address: %d", resp.StatusCode)
 	}
-	if d := h.waitDecision(""); d["decision"] != "unauthenticated" || d["client"] != "127.0.0.1" {
+	if d := h.waitDecision("api.test"); d["decision"] != "unauthenticated" || d["client"] != "127.0.0.1" || d["claimed_box"] != "box-b" {
 		t.Fatalf("decision log: %v", d)
 	}
 	// The same credential with box-a's own is accepted from here.

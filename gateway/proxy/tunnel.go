@@ -49,7 +49,7 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, rec *record, st 
 func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request, rec *record, host, port string) {
 	up, err := p.dial(r.Context(), "tcp", net.JoinHostPort(host, port))
 	if err != nil {
-		rec.decision, rec.rule = "error", "upstream:dial"
+		rec.decision, rec.rule, rec.err = "error", "upstream:dial", err.Error()
 		p.refuse(w, rec, http.StatusBadGateway, "bad_gateway", fmt.Sprintf("could not reach %s:%s", host, port))
 		return
 	}

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseFlags(t *testing.T) {
+	t.Setenv("EGRESS_POLICY_FILE", "/etc/egress/policy.json")
+	t.Setenv("EGRESS_KEY_FILE", "/etc/egress/keys")
+	t.Setenv("EGRESS_IDLE_TIMEOUT", "90s")
+	c, err := parseFlags([]string{"-listen", "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.listen != "127.0.0.1:0" || c.metricsListen != ":9090" || c.idle != 90*time.Second || c.allowPrivateUpstreams {
+		t.Fatalf("config %+v", c)
+	}
+	for args, want := range map[string]string{
+		"-ca-cert /x":      "go together",
+		"-idle-timeout 0s": "positive",
+		"extra":            "unexpected",
+		"-policy-file=":    "required",
+	} {
+		if _, err := parseFlags(strings.Fields(args)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", args, err, want)
+		}
+	}
+}
+
+func TestRefusePrivate(t *testing.T) {
+	for addr, refused := range map[string]bool{
+		"127.0.0.1:443": true, "10.1.2.3:443": true, "172.16.0.1:443": true, "192.168.1.1:443": true,
+		"169.254.169.254:80": true, "100.64.0.1:443": true, "[::1]:443": true, "[fd00::1]:443": true,
+		"[fe80::1]:443": true, "0.0.0.0:443": true, "[::ffff:10.0.0.1]:443": true,
+		"93.184.215.14:443": false, "[2606:2800:21f:cb07:6820:80da:af6b:8b2c]:443": false,
+	} {
+		if err := refusePrivate("tcp", addr, nil); (err != nil) != refused {
+			t.Errorf("refusePrivate(%s) = %v, want refused=%v", addr, err, refused)
+		}
+	}
+}
