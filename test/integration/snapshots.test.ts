@@ -122,6 +122,7 @@ suite('snapshots of real boxes in the real object store', () => {
       image: expect.any(String),
       cpu: '250m',
       memory: '256Mi',
+      context: null, // no backup context set (PUT /boxes/{id}/context)
     });
     expect(Date.parse(taken.json.expires_at) - Date.parse(taken.json.created_at)).toBeGreaterThanOrEqual(599_000);
     expect(Date.parse(taken.json.expires_at) - Date.parse(taken.json.created_at)).toBeLessThanOrEqual(600_000);
