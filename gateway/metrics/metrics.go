@@ -54,7 +54,8 @@ func (m *Metrics) Reload(ok bool) {
 	m.mu.Unlock()
 }
 
-// Connected observes the time from a request's arrival to its upstream connection.
+// Connected observes the time from a request's arrival to its upstream connection (for an
+// intercepted connection, the first request's round trip to the answer's headers).
 func (m *Metrics) Connected(d time.Duration) {
 	s := d.Seconds()
 	i := sort.SearchFloat64s(Buckets, s) // first bucket >= s
@@ -82,7 +83,7 @@ func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 	for _, r := range []string{"ok", "error"} {
 		fmt.Fprintf(&b, "egress_gateway_policy_loads_total{result=%q} %d\n", r, m.reloads[r])
 	}
-	b.WriteString("# HELP egress_gateway_connect_seconds Time from a proxy request to its upstream connection.\n# TYPE egress_gateway_connect_seconds histogram\n")
+	b.WriteString("# HELP egress_gateway_connect_seconds Time from a proxy request to its upstream connection (intercepted: to the first answer's headers).\n# TYPE egress_gateway_connect_seconds histogram\n")
 	var cum uint64
 	for i, le := range Buckets {
 		cum += m.hist[i]

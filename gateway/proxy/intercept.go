@@ -124,8 +124,8 @@ func (p *Proxy) exchange(conn net.Conn, req *http.Request, rec *record, host, hp
 		resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotModified {
 		resp.TransferEncoding = []string{"chunked"}
 	}
-	conn.SetWriteDeadline(time.Time{})
-	if err := resp.Write(conn); err != nil {
+	// A box that stops reading is dropped after the idle timeout; a slow steady one is not.
+	if err := resp.Write(&idleWriter{conn: conn, idle: p.cfg.IdleTimeout}); err != nil {
 		return false
 	}
 	return !req.Close && !resp.Close
@@ -154,4 +154,15 @@ func (c *countConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	c.out.Add(int64(n))
 	return n, err
+}
+
+// idleWriter sets a fresh write deadline before every write.
+type idleWriter struct {
+	conn net.Conn
+	idle time.Duration
+}
+
+func (w *idleWriter) Write(b []byte) (int, error) {
+	w.conn.SetWriteDeadline(time.Now().Add(w.idle))
+	return w.conn.Write(b)
 }
