@@ -58,7 +58,7 @@ type seen struct {
 }
 
 type harness struct {
-	t          *testing.T
+	t          testing.TB
 	policyPath string
 	keys       *identity.Keys
 	gwCA       *testpki.CA
@@ -96,7 +96,7 @@ func (h *harness) lastVisit() (seen, int) {
 	return h.visits[len(h.visits)-1], len(h.visits)
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	h := &harness{t: t, gwCA: testpki.NewCA(t, "gateway ca"), hostCA: testpki.NewCA(t, "host ca")}
 	dir := t.TempDir()
 	var err error
@@ -110,8 +110,18 @@ func newHarness(t *testing.T) *harness {
 			s.serverName = r.TLS.ServerName
 		}
 		h.mu.Lock()
-		h.visits = append(h.visits, s)
+		if len(h.visits) < 1000 {
+			h.visits = append(h.visits, s)
+		}
 		h.mu.Unlock()
+		if r.URL.Path == "/bench" {
+			chunk := bytes.Repeat([]byte("x"), 256<<10)
+			w.Header().Set("Content-Length", fmt.Sprint(64<<20))
+			for i := 0; i < 256; i++ { // 64 MiB
+				w.Write(chunk)
+			}
+			return
+		}
 		if r.URL.Path == "/big" {
 			chunk := bytes.Repeat([]byte("x"), 64<<10)
 			for i := 0; i < 32; i++ { // 2 MiB, unknown length: chunked
@@ -625,5 +635,39 @@ func TestPolicyChangeClosesOpenTunnels(t *testing.T) {
 	io.WriteString(kept, "GET / HTTP/1.1\r\nHost: a.example.test\r\n\r\n")
 	if resp, err := http.ReadResponse(keptReader, nil); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("an allowed tunnel was disturbed: %v", err)
+	}
+}
+
+// BenchmarkDownload: 64 MiB over loopback, direct from the test host, through pass-through,
+// through interception (go test ./proxy -run XXX -bench Download).
+func BenchmarkDownload(b *testing.B) {
+	h := newHarness(b)
+	roots := x509.NewCertPool()
+	roots.AddCert(h.hostCA.Cert)
+	direct := &http.Client{Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: roots},
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, h.tlsAddr)
+		},
+	}}
+	for name, c := range map[string]*http.Client{"direct": direct, "passthrough": h.client("box-a"), "intercepted": h.client("box-a")} {
+		host := "big.test"
+		if name == "intercepted" {
+			host = "secure.test"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(64 << 20)
+			for i := 0; i < b.N; i++ {
+				resp, err := c.Get("https://" + host + "/bench")
+				if err != nil {
+					b.Fatal(err)
+				}
+				n, _ := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if n != 64<<20 {
+					b.Fatalf("%d bytes", n)
+				}
+			}
+		})
 	}
 }
