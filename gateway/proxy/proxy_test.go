@@ -41,13 +41,14 @@ const (
 
 const basePolicy = `{
   "pools": {"p": {
-    "allow": ["api.test", "*.example.test", "secure.test", "plain.test", "big.test"],
+    "allow": ["api.test", "*.example.test", "secure.test", "plain.test", "big.test", "rogue.test"],
     "deny": ["bad.example.test"],
     "plainHttp": ["plain.test"]
   }},
   "boxes": {
     "box-a": {"pool": "p", "ip": "127.0.0.1",
-              "credentials": {"secure.test": {"Authorization": "` + secretToken + `", "x-api-key": "` + secretKey + `"}}},
+              "credentials": {"secure.test": {"Authorization": "` + secretToken + `", "x-api-key": "` + secretKey + `"},
+                              "rogue.test": {"Authorization": "` + secretToken + `"}}},
     "box-b": {"pool": "p", "ip": "127.0.0.9"}
   }
 }`
@@ -70,6 +71,7 @@ type harness struct {
 	plainAddr  string // plain.test and api.test over plain HTTP lead here
 
 	mu      sync.Mutex
+	routes  map[string]string // host name -> address, before the defaults
 	log     bytes.Buffer
 	visits  []seen
 	dialled []string
@@ -180,6 +182,11 @@ func newHarness(t testing.TB) *harness {
 			if host == "unreachable.example.test" {
 				target = "127.0.0.1:1" // nothing listens there
 			}
+			h.mu.Lock()
+			if r, ok := h.routes[host]; ok {
+				target = r
+			}
+			h.mu.Unlock()
 			var d net.Dialer
 			return d.DialContext(ctx, network, target) // loopback only
 		},
@@ -669,5 +676,38 @@ func BenchmarkDownload(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// The gateway sends a credential only to the real host: an upstream whose certificate does not
+// verify against the trusted roots gets nothing, and the box gets a 502.
+func TestInterceptionVerifiesTheHost(t *testing.T) {
+	h := newHarness(t)
+	rogueCA := testpki.NewCA(t, "rogue ca")
+	var got []string
+	var mu sync.Mutex
+	rogue := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Get("Authorization"))
+		mu.Unlock()
+	}))
+	rogue.TLS = &tls.Config{Certificates: []tls.Certificate{rogueCA.Leaf(t, "rogue.test")}}
+	rogue.Config.ErrorLog = stdlog.New(io.Discard, "", 0)
+	rogue.StartTLS()
+	defer rogue.Close()
+	h.mu.Lock()
+	h.routes = map[string]string{"rogue.test": rogue.Listener.Addr().String()}
+	h.mu.Unlock()
+	resp, body := h.get("box-a", "https://rogue.test/", nil)
+	if resp.StatusCode != 502 || resp.Header.Get("X-Egress-Rule") != "upstream:request" {
+		t.Fatalf("an unverifiable host: %d %q", resp.StatusCode, body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 0 {
+		t.Fatalf("the rogue host received a request: %q", got)
+	}
+	if d := h.waitDecision("rogue.test"); !strings.Contains(fmt.Sprint(d["error"]), "certificate") {
+		t.Fatalf("decision log: %v", d)
 	}
 }
