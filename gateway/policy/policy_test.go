@@ -120,3 +120,32 @@ func TestValidPattern(t *testing.T) {
 		}
 	}
 }
+
+// Properties over arbitrary hosts: deny wins, a box never widens its pool, plain HTTP is never
+// allowed where HTTPS is not.
+func FuzzDecide(f *testing.F) {
+	for _, h := range []string{"a.example.com", "example.com", "evil.example.com", "x.y.internal.example.com", "1.2.3.4", "A.Example.Com.", "", "*"} {
+		f.Add(h)
+	}
+	pool := Pool{Allow: []string{"*.example.com", "api.test", "*"}, Deny: []string{"evil.example.com", "*.internal.example.com"}, PlainHTTP: []string{"*.example.com"}}
+	box := Box{Allow: []string{"a.example.com", "*.test", "other.org"}, Deny: []string{"b.example.com"}}
+	f.Fuzz(func(t *testing.T, host string) {
+		for _, plain := range []bool{false, true} {
+			withBox := Decide(pool, box, host, plain)
+			poolOnly := Decide(pool, Box{}, host, plain)
+			if withBox.Allow && !poolOnly.Allow {
+				t.Fatalf("%q: the box widened its pool (%s vs %s)", host, withBox.Rule, poolOnly.Rule)
+			}
+			if h, ok := Normalize(host); ok && poolOnly.Allow {
+				for _, d := range pool.Deny {
+					if Match(d, h) {
+						t.Fatalf("%q allowed though it matches deny %q", host, d)
+					}
+				}
+			}
+			if plain && withBox.Allow && !Decide(pool, box, host, false).Allow {
+				t.Fatalf("%q: plain HTTP allowed where HTTPS is not", host)
+			}
+		}
+	})
+}
