@@ -112,7 +112,7 @@ type record struct {
 	up, down  int64
 	requests  int
 	revoked   string // the rule that closed this open tunnel after a policy change
-	claimed   string // the box id an unauthenticated request claimed (not verified)
+	claimed   string // the known box id an unauthenticated request claimed
 	err       string // what failed, for "error" decisions (never a header value)
 }
 
@@ -174,7 +174,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// One answer for a missing credential, a bad one and a good one used from another
 		// address: the box learns nothing about which it was.
 		rec.decision, rec.rule = "unauthenticated", "identity"
-		if len(user) <= 63 {
+		if box != nil {
+			// Only a known box id is logged: a misplaced credential in the user field never is.
 			rec.claimed = user
 		}
 		w.Header().Set("Proxy-Authenticate", `Basic realm="`+identity.Realm+`"`)

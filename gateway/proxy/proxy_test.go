@@ -449,6 +449,9 @@ func TestMissingOrBadCredential407(t *testing.T) {
 			t.Errorf("%s: %d %v", name, resp.StatusCode, resp.Header)
 		}
 	}
+	// A credential misplaced into the user field (the box id into the password) is not logged.
+	h.connect("api.test:443", basicOf(cred, "box-a"))
+	h.waitDecisions("api.test", 6)
 	if strings.Contains(h.logText(), cred) {
 		t.Fatal("a credential reached the log")
 	}
