@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -36,6 +37,7 @@ type config struct {
 	policyFile, keyFile       string
 	caCert, caKey, upstreamCA string
 	idle, hello, dial         time.Duration
+	maxConnsPerBox            int
 	allowPrivateUpstreams     bool
 }
 
@@ -56,6 +58,17 @@ func envDuration(name string, def time.Duration) time.Duration {
 	return def
 }
 
+func envIntDefault(name string, def int) int {
+	if v := os.Getenv(name); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return -1
+		}
+		return n
+	}
+	return def
+}
+
 func parseFlags(args []string) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("egress-gateway", flag.ContinueOnError)
@@ -69,6 +82,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.idle, "idle-timeout", envDuration("EGRESS_IDLE_TIMEOUT", 5*time.Minute), "close a connection idle this long (EGRESS_IDLE_TIMEOUT)")
 	fs.DurationVar(&c.hello, "hello-timeout", envDuration("EGRESS_HELLO_TIMEOUT", 10*time.Second), "wait for a box's ClientHello or TLS handshake (EGRESS_HELLO_TIMEOUT)")
 	fs.DurationVar(&c.dial, "dial-timeout", envDuration("EGRESS_DIAL_TIMEOUT", 10*time.Second), "upstream dial timeout (EGRESS_DIAL_TIMEOUT)")
+	fs.IntVar(&c.maxConnsPerBox, "max-conns-per-box", envIntDefault("EGRESS_MAX_CONNS_PER_BOX", 256), "open connections one box may hold (EGRESS_MAX_CONNS_PER_BOX)")
 	fs.BoolVar(&c.allowPrivateUpstreams, "allow-private-upstreams", env("EGRESS_ALLOW_PRIVATE_UPSTREAMS", "") == "true",
 		"dial loopback, private, link-local and other non-public addresses a name resolves to (EGRESS_ALLOW_PRIVATE_UPSTREAMS=true)")
 	if err := fs.Parse(args); err != nil {
@@ -83,6 +97,8 @@ func parseFlags(args []string) (config, error) {
 		return c, errors.New("-key-file (EGRESS_KEY_FILE) is required")
 	case (c.caCert == "") != (c.caKey == ""):
 		return c, errors.New("-ca-cert and -ca-key go together")
+	case c.maxConnsPerBox <= 0:
+		return c, errors.New("-max-conns-per-box must be a positive number")
 	case c.idle <= 0 || c.hello <= 0 || c.dial <= 0:
 		return c, errors.New("timeouts must be positive durations (e.g. 30s, 5m)")
 	}
@@ -164,7 +180,7 @@ func serve(c config) error {
 	}
 	p := proxy.New(proxy.Config{
 		Source: src, Keys: keys, CA: ca, UpstreamRoots: roots, Dial: dialer.DialContext, Log: log, Metrics: m,
-		IdleTimeout: c.idle, HelloTimeout: c.hello, DialTimeout: c.dial,
+		IdleTimeout: c.idle, HelloTimeout: c.hello, DialTimeout: c.dial, MaxConnsPerBox: c.maxConnsPerBox,
 	})
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

@@ -18,10 +18,11 @@ func TestParseFlags(t *testing.T) {
 		t.Fatalf("config %+v", c)
 	}
 	for args, want := range map[string]string{
-		"-ca-cert /x":      "go together",
-		"-idle-timeout 0s": "positive",
-		"extra":            "unexpected",
-		"-policy-file=":    "required",
+		"-ca-cert /x":          "go together",
+		"-idle-timeout 0s":     "positive",
+		"extra":                "unexpected",
+		"-policy-file=":        "required",
+		"-max-conns-per-box 0": "positive",
 	} {
 		if _, err := parseFlags(strings.Fields(args)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", args, err, want)

@@ -18,11 +18,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
+	"sync"
 	"time"
 
 	"sandbox-bridge.io/gateway/certs"
@@ -48,6 +50,9 @@ type Config struct {
 	// HelloTimeout bounds the wait for the box's ClientHello or TLS handshake (default 10 s);
 	// DialTimeout bounds an upstream dial (default 10 s).
 	IdleTimeout, HelloTimeout, DialTimeout time.Duration
+	// MaxConnsPerBox bounds one box's open connections and requests (default 256): past it, 429.
+	// One box cannot take every file descriptor and buffer of a gateway replica.
+	MaxConnsPerBox int
 }
 
 // Proxy is the http.Handler serving boxes.
@@ -55,6 +60,9 @@ type Proxy struct {
 	cfg       Config
 	transport *http.Transport
 	open      tunnels
+
+	mu     sync.Mutex
+	perBox map[string]int
 }
 
 // New returns a Proxy.
@@ -68,6 +76,9 @@ func New(cfg Config) *Proxy {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 10 * time.Second
 	}
+	if cfg.MaxConnsPerBox <= 0 {
+		cfg.MaxConnsPerBox = 256
+	}
 	if cfg.Dial == nil {
 		cfg.Dial = (&net.Dialer{}).DialContext
 	}
@@ -77,7 +88,7 @@ func New(cfg Config) *Proxy {
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.New()
 	}
-	p := &Proxy{cfg: cfg}
+	p := &Proxy{cfg: cfg, perBox: map[string]int{}}
 	p.transport = &http.Transport{
 		Proxy:                 nil, // never the gateway's own HTTP(S)_PROXY
 		DialContext:           p.dial,
@@ -184,6 +195,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.box = user
+	if !p.acquire(user) {
+		rec.decision, rec.rule = "deny", "box:connections"
+		w.Header().Set("Retry-After", "1")
+		p.refuse(w, rec, http.StatusTooManyRequests, "rate_limited",
+			fmt.Sprintf("this box has %d connections open through the gateway, the most it may", p.cfg.MaxConnsPerBox))
+		return
+	}
+	defer p.release(user)
 	if r.Method == http.MethodConnect {
 		p.connect(w, r, rec, st, box)
 		return
@@ -221,4 +240,22 @@ func hostPort(host, port, defaultPort string) string {
 func validPort(port string) bool {
 	n, err := strconv.Atoi(port)
 	return err == nil && n > 0 && n < 65536 && strconv.Itoa(n) == port
+}
+
+func (p *Proxy) acquire(box string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.perBox[box] >= p.cfg.MaxConnsPerBox {
+		return false
+	}
+	p.perBox[box]++
+	return true
+}
+
+func (p *Proxy) release(box string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.perBox[box]--; p.perBox[box] <= 0 {
+		delete(p.perBox, box)
+	}
 }

@@ -98,7 +98,7 @@ func (h *harness) lastVisit() (seen, int) {
 	return h.visits[len(h.visits)-1], len(h.visits)
 }
 
-func newHarness(t testing.TB) *harness {
+func newHarness(t testing.TB, opts ...func(*Config)) *harness {
 	h := &harness{t: t, gwCA: testpki.NewCA(t, "gateway ca"), hostCA: testpki.NewCA(t, "host ca")}
 	dir := t.TempDir()
 	var err error
@@ -164,7 +164,7 @@ func newHarness(t testing.TB) *harness {
 		t.Fatal(err)
 	}
 	h.metrics = metrics.New()
-	p := New(Config{
+	cfg := Config{
 		Source: src, Keys: h.keys, CA: ca, UpstreamRoots: h.hostCA.Pool(), Log: slog.New(slog.NewJSONHandler(h, nil)),
 		Metrics: h.metrics, IdleTimeout: 5 * time.Second, HelloTimeout: 2 * time.Second,
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -190,7 +190,12 @@ func newHarness(t testing.TB) *harness {
 			var d net.Dialer
 			return d.DialContext(ctx, network, target) // loopback only
 		},
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	p := New(cfg)
+
 	h.proxy = p
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -712,5 +717,36 @@ func TestInterceptionVerifiesTheHost(t *testing.T) {
 	}
 	if d := h.waitDecision("rogue.test"); !strings.Contains(fmt.Sprint(d["error"]), "certificate") {
 		t.Fatalf("decision log: %v", d)
+	}
+}
+
+func TestConnectionsPerBoxBounded(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxConnsPerBox = 2 })
+	var first net.Conn
+	for i := 0; i < 2; i++ {
+		resp, c, _ := h.connect("api.test:443", h.basic("box-a"))
+		if resp.StatusCode != 200 {
+			t.Fatalf("tunnel %d: %d", i, resp.StatusCode)
+		}
+		if i == 0 {
+			first = c
+		}
+	}
+	resp, _, _ := h.connect("api.test:443", h.basic("box-a"))
+	if resp.StatusCode != 429 || resp.Header.Get("X-Egress-Rule") != "box:connections" || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("third tunnel: %d %v", resp.StatusCode, resp.Header)
+	}
+	// A closed tunnel gives its place back.
+	first.Close()
+	deadline := time.Now().Add(time.Second)
+	for {
+		resp, _, _ := h.connect("api.test:443", h.basic("box-a"))
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a closed tunnel's place was not given back: %d", resp.StatusCode)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
