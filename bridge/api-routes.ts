@@ -163,6 +163,18 @@ export const API_ROUTES: ApiRoute[] = [
     errors: [409, 501],
   },
   {
+    operationId: 'restoreSnapshot',
+    method: 'post',
+    path: '/boxes/{id}/restore',
+    summary: "Restore a snapshot's workspace into this box: /workspace becomes exactly the snapshot's",
+    description:
+      'The box keeps its id, env, processes and everything outside /workspace (a fork, POST /boxes with snapshot_id, also takes the snapshot\'s env). The snapshot is extracted whole before anything in /workspace changes (a snapshot refused by the limits, or a store that fails, leaves the box as it was); then the old entries are moved aside and the snapshot\'s moved in. docs/snapshots.md, "Restore into a box".',
+    params: S.BoxParams,
+    body: jsonBody(S.RestoreRequest),
+    responses: { 200: json(S.Restored) },
+    errors: [409, 501],
+  },
+  {
     operationId: 'listSnapshots',
     method: 'get',
     path: '/snapshots',

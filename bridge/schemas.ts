@@ -238,6 +238,17 @@ export const Snapshot = z.object({
 
 export const SnapshotList = z.object({ snapshots: z.array(Snapshot).describe('Newest first') });
 
+export const RestoreRequest = z
+  .object({ snapshot_id: z.string().min(1).max(128).describe('The snapshot whose workspace the box takes') })
+  .strict();
+
+export const Restored = z.object({
+  box_id: z.string(),
+  snapshot_id: z.string(),
+  entries: z.number().int().describe("Entries of /workspace now: exactly the snapshot's"),
+  bytes: z.number().int().describe('Data bytes extracted'),
+});
+
 export const SnapshotDeleted = z.object({ snapshot_id: z.string(), deleted: z.literal(true) });
 
 export const BoxDeleted = z.object({

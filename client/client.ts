@@ -34,6 +34,7 @@ import type {
   ProcessInfo,
   ProcessList,
   ProcessSignal,
+  Restored,
   SandboxList,
   SandboxesQuery,
   SessionOutputs,
@@ -127,6 +128,8 @@ export interface BridgeClient {
    * default to the snapshot's. Retried like createBox, under one Idempotency-Key.
    */
   fromSnapshot(snapshotId: string, req: Omit<CreateBoxRequest, 'snapshot_id'>, opts?: CreateBoxOptions): Promise<BoxCreated>;
+  /** Makes the box's /workspace exactly the snapshot's; the box keeps its id, env and processes. */
+  restoreSnapshot(boxId: string, snapshotId: string, opts?: CallOptions): Promise<Restored>;
   /** Runs a command. Never repeated after it may have started: only a 429 (refused) is retried. */
   exec(boxId: string, req: ExecRequest, opts?: CallOptions): Promise<ExecResult>;
   readFile(boxId: string, path: string, opts?: FileReadOptions): Promise<FileRead>;
@@ -227,6 +230,11 @@ export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
     getSnapshot: (snapshotId, opts) => get('get snapshot', `/snapshots/${encodeURIComponent(snapshotId)}`, opts),
     deleteSnapshot: (snapshotId, opts) =>
       call({ operation: 'delete snapshot', method: 'DELETE', path: `/snapshots/${encodeURIComponent(snapshotId)}`, expect: 'json' }, opts),
+    restoreSnapshot: (id, snapshotId, opts) =>
+      call(
+        { operation: 'restore', method: 'POST', path: `${box(id)}/restore`, json: { snapshot_id: snapshotId }, expect: 'json', timeoutMs: SNAPSHOT_TIMEOUT_MS },
+        opts,
+      ),
     fromSnapshot: (snapshotId, req, opts = {}) =>
       call(
         {

@@ -442,31 +442,12 @@ export class ClusterBridgeExecutor implements Required<SandboxExecutor> {
   }
 
   /**
-   * Makes the box's /workspace the snapshot's, keeping the box (id, env, processes). The
-   * snapshot is read into a short-lived helper box (a fork, under the session id with
-   * `#restore` appended, so it is never taken for the session's box), whose workspace is
-   * streamed as a gzip tar into a hidden staging directory of the box; only once all of it
-   * arrived does one command in the box replace the workspace's entries with the staged ones
-   * (renames on one file system). A failure before that leaves the workspace as it was.
-   * Exact as the snapshot's own restore is: files, modes (setgid, sticky), symlinks, hard links,
-   * sparse files; setuid is dropped (boxd's archive rules). The env is not restored: the box
-   * keeps its own. Costs a box start and the workspace's bytes through this process twice.
+   * Makes the box's /workspace the snapshot's, keeping the box (id, env, processes): the bridge
+   * extracts the whole snapshot in the box before anything in /workspace changes, then swaps
+   * (POST /boxes/{id}/restore). A failure before the swap leaves the workspace as it was.
    */
   private async restoreInto(boxId: string, snapshotId: string): Promise<void> {
-    const helper = await this.client.fromSnapshot(snapshotId, { sessionId: `${this.sessionId.slice(0, 1000)}#restore` });
-    const stage = `.sbx-restore-${newIdempotencyKey().slice(0, 8)}`;
-    try {
-      const archive = await this.client.downloadArchive(helper.box_id, WORKSPACE, { gzip: true });
-      await this.client.uploadArchive(boxId, `${WORKSPACE}/${stage}`, archive);
-      const swapped = await this.client.exec(boxId, { command: SWAP_COMMAND, env: { SBX_STAGE: stage }, workdir: WORKSPACE });
-      if (swapped.exit_code !== 0) throw new Error(`replacing the workspace failed: ${formatExecOutput(swapped, DEFAULT_EXEC_TIMEOUT_MS)}`);
-    } catch (err) {
-      await this.client.deleteFile(boxId, `${WORKSPACE}/${stage}`, { recursive: true }).catch(() => undefined);
-      throw err;
-    } finally {
-      // The helper's whole job is done; one that cannot be deleted now is left to its TTL.
-      await this.client.deleteBox(helper.box_id, { snapshot: false }).catch(() => undefined);
-    }
+    await this.client.restoreSnapshot(boxId, snapshotId);
   }
 
   private async sendContext(req: { backup?: BackupContext; outbound?: OutboundContext }): Promise<void> {
@@ -492,26 +473,6 @@ export class ClusterBridgeExecutor implements Required<SandboxExecutor> {
     }
   }
 }
-
-/**
- * Run in /workspace: removes every entry but the staging directory, then moves the staged
- * entries up. A directory without write permission cannot be renamed into a new parent, so
- * each moved directory gets u+w for the move and its mode back after.
- */
-const SWAP_COMMAND = [
-  '[ -d "$SBX_STAGE" ] || { echo "staging directory $SBX_STAGE is missing" >&2; exit 1; }',
-  'for f in * .[!.]* ..?*; do',
-  '  [ "$f" = "$SBX_STAGE" ] && continue',
-  '  if [ -L "./$f" ]; then rm -f "./$f" || exit 1',
-  '  elif [ -e "./$f" ]; then chmod -R u+w "./$f" 2>/dev/null; rm -rf "./$f" || exit 1; fi',
-  'done',
-  'for f in "$SBX_STAGE"/* "$SBX_STAGE"/.[!.]* "$SBX_STAGE"/..?*; do',
-  '  if [ -d "$f" ] && [ ! -L "$f" ]; then',
-  '    m=$(stat -c %a "$f") && chmod u+w "$f" && mv "$f" . && chmod "$m" "./${f##*/}" || exit 1',
-  '  elif [ -e "$f" ] || [ -L "$f" ]; then mv "$f" . || exit 1; fi',
-  'done',
-  'rmdir "$SBX_STAGE"',
-].join('\n');
 
 function backupHandle(s: Snapshot): ExecutorBackupHandle {
   return {

@@ -30,6 +30,7 @@ export type BoxDeleted = z.output<typeof S.BoxDeleted>;
 export type Snapshot = z.output<typeof S.Snapshot>;
 export type SnapshotList = z.output<typeof S.SnapshotList>;
 export type SnapshotDeleted = z.output<typeof S.SnapshotDeleted>;
+export type Restored = z.output<typeof S.Restored>;
 export type ExecResult = z.output<typeof S.ExecResult>;
 export type FileRead = z.output<typeof S.FileRead>;
 export type FileWritten = z.output<typeof S.FileWritten>;

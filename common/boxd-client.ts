@@ -304,10 +304,11 @@ export class BoxdClient {
     t: BoxdTarget,
     path: string,
     body: Readable,
-    opts: { maxBytes: number; maxEntries: number; contentLength?: number; signal?: AbortSignal | undefined },
+    opts: { maxBytes: number; maxEntries: number; contentLength?: number; signal?: AbortSignal | undefined; replace?: boolean },
   ): Promise<{ path: string; entries: number; bytes: number }> {
     return this.json(t, 'PUT', '/v1/archive', {
-      query: { path, max_bytes: opts.maxBytes, max_entries: opts.maxEntries },
+      // replace: path ends up holding exactly the archive (PROTOCOL.md).
+      query: { path, max_bytes: opts.maxBytes, max_entries: opts.maxEntries, ...(opts.replace ? { replace: 'true' } : {}) },
       body,
       ...(opts.contentLength !== undefined ? { contentLength: opts.contentLength } : {}),
       signal: opts.signal,

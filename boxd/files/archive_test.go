@@ -325,3 +325,37 @@ func TestArchiveBodyFormats(t *testing.T) {
 	_, err = box.Extract(filepath.Join(dst, "z.txt"), tarOf(t, entry{name: "a", body: "x"}), Limits{Bytes: 1000, Entries: 10})
 	wantStatus(t, err, http.StatusBadRequest)
 }
+
+// Replacing: dest ends up holding exactly the archive (old files, directories and symlinks
+// gone, no staging or trash directory left); a refused archive changes nothing.
+func TestArchiveExtractReplacing(t *testing.T) {
+	dst := filepath.Join(t.TempDir(), "dest")
+	mustWrite(t, filepath.Join(dst, "old.txt"), "old")
+	mustWrite(t, filepath.Join(dst, "sub", "old.txt"), "old")
+	mustWrite(t, filepath.Join(dst, "sub", "same.txt"), "before")
+	if err := os.Symlink("old.txt", filepath.Join(dst, "link")); err != nil {
+		t.Fatal(err)
+	}
+	// Read-only directories box code left, at the top and deeper: moved aside and removed all the same
+	// (as root here permissions are not checked; test/integration/platform.test.ts checks them as the box user).
+	mustWrite(t, filepath.Join(dst, "ro", "f"), "f")
+	mustWrite(t, filepath.Join(dst, "deep", "locked", "f"), "f")
+	for _, d := range []string{filepath.Join(dst, "ro"), filepath.Join(dst, "deep", "locked")} {
+		if err := os.Chmod(d, 0o500); err != nil {
+			t.Fatal(err)
+		}
+	}
+	body := tarOf(t, entry{name: "sub/same.txt", body: "after"}, entry{name: "new/x.txt", body: "x"})
+	if _, err := box.ExtractReplacing(dst, body, Limits{Bytes: 1000, Entries: 100}); err != nil {
+		t.Fatal(err)
+	}
+	assertContent(t, filepath.Join(dst, "sub", "same.txt"), "after")
+	assertContent(t, filepath.Join(dst, "new", "x.txt"), "x")
+	assertOnly(t, dst, "new", "sub")
+	assertOnly(t, filepath.Join(dst, "sub"), "same.txt")
+
+	before := snapshot(t, dst)
+	_, err := box.ExtractReplacing(dst, tarOf(t, entry{name: "fine.txt", body: "x"}, entry{name: "../escape", body: "x"}), Limits{Bytes: 1000, Entries: 100})
+	wantStatus(t, err, http.StatusBadRequest)
+	sameTree(t, before, snapshot(t, dst))
+}

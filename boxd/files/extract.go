@@ -37,6 +37,17 @@ type ExtractResult struct {
 // holes). Every step happens relative to directories opened and checked once, never through a
 // path box code could have changed since.
 func (b *Box) Extract(dest string, body io.Reader, lim Limits) (ExtractResult, error) {
+	return b.extract(dest, body, lim, false)
+}
+
+// ExtractReplacing is Extract, except that once the whole archive was accepted the entries dest
+// had are moved aside (into a hidden directory in dest, then removed), so dest holds exactly
+// the archive: a workspace restored into a running box. A refused archive changes nothing.
+func (b *Box) ExtractReplacing(dest string, body io.Reader, lim Limits) (ExtractResult, error) {
+	return b.extract(dest, body, lim, true)
+}
+
+func (b *Box) extract(dest string, body io.Reader, lim Limits, replace bool) (ExtractResult, error) {
 	if c, err := clean(dest); err == nil && c == "/" {
 		return ExtractResult{}, errs.Invalid("cannot extract into /")
 	}
@@ -44,7 +55,7 @@ func (b *Box) Extract(dest string, body io.Reader, lim Limits) (ExtractResult, e
 	if err != nil {
 		return ExtractResult{}, err
 	}
-	x := &extraction{box: b, dest: dest, lim: lim, links: map[string]string{}, files: map[string]bool{}, rootMode: 0o755}
+	x := &extraction{box: b, dest: dest, lim: lim, replace: replace, links: map[string]string{}, files: map[string]bool{}, rootMode: 0o755}
 	if err := x.locate(); err != nil {
 		return ExtractResult{}, err
 	}
@@ -71,6 +82,7 @@ type extraction struct {
 	box      *Box
 	dest     string // as requested
 	lim      Limits
+	replace  bool     // dest's entries go before the archive's move in
 	base     *os.Root // dest when it exists, else its nearest existing ancestor
 	rest     string   // dest relative to base ("" when dest exists)
 	stage    string   // the staging directory, relative to base
@@ -426,6 +438,11 @@ func (x *extraction) moveIntoPlace() error {
 		}
 		return x.applyDirModes()
 	}
+	if x.replace {
+		if err := x.clearDest(); err != nil {
+			return err
+		}
+	}
 	var moves []string
 	if err := x.plan("", &moves); err != nil {
 		return err
@@ -436,6 +453,64 @@ func (x *extraction) moveIntoPlace() error {
 		}
 	}
 	return x.applyDirModes()
+}
+
+// clearDest moves every entry of dest but staging directories (this extraction's and any other
+// running) into a hidden directory of its own, then removes that: renames on one file system,
+// so dest is empty before the first staged entry moves in, whatever the old tree held.
+func (x *extraction) clearDest() error {
+	entries, err := readDirIn(x.base, "")
+	if err != nil {
+		return errs.FromOS(x.dest, err)
+	}
+	var trash string
+	for range 100 {
+		trash = ".boxd-replaced-" + strconv.FormatUint(rand.Uint64(), 36)
+		if err = x.base.Mkdir(trash, 0o700); !errors.Is(err, fs.ErrExist) {
+			break
+		}
+	}
+	if err != nil {
+		return errs.FromOS(x.dest, err)
+	}
+	defer removeTree(x.base, trash)
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".boxd-extract-") || strings.HasPrefix(name, ".boxd-replaced-") {
+			continue
+		}
+		if e.IsDir() {
+			// Moving a directory to another parent rewrites its "..": it must be writable.
+			_ = x.base.Chmod(name, 0o700)
+		}
+		if err := x.base.Rename(name, path.Join(trash, name)); err != nil {
+			return errs.FromOS(filepath.Join(x.dest, name), err)
+		}
+	}
+	return nil
+}
+
+// removeTree removes rel and everything below it, making its directories writable first: box
+// code leaves read-only directories (0500, 0555) whose entries could not be removed otherwise.
+// Every directory here belongs to the box user, as boxd does.
+func removeTree(root *os.Root, rel string) {
+	if root.RemoveAll(rel) == nil {
+		return
+	}
+	var open func(string)
+	open = func(dir string) {
+		if root.Chmod(dir, 0o700) != nil {
+			return
+		}
+		entries, _ := readDirIn(root, dir)
+		for _, e := range entries {
+			if e.IsDir() {
+				open(path.Join(dir, e.Name()))
+			}
+		}
+	}
+	open(rel)
+	_ = root.RemoveAll(rel)
 }
 
 func (x *extraction) plan(rel string, moves *[]string) error {

@@ -124,11 +124,16 @@ func (s *server) writeArchive(w http.ResponseWriter, r *http.Request) {
 	q := newQuery(r)
 	path := q.str("path")
 	lim := files.Limits{Bytes: q.positive("max_bytes", defaultMaxBytes), Entries: q.positive("max_entries", defaultMaxEntries)}
+	replace := q.bool("replace")
 	if q.err != nil {
 		writeError(w, q.err)
 		return
 	}
-	res, err := s.box().Extract(path, r.Body, lim)
+	extract := s.box().Extract
+	if replace {
+		extract = s.box().ExtractReplacing
+	}
+	res, err := extract(path, r.Body, lim)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -1,7 +1,7 @@
 // Snapshots: take one of a box, list a session's, read and delete one. Thin handlers; the
 // work is the snapshot service's (bridge/services/snapshots.ts).
 import express, { Router } from 'express';
-import { CreateSnapshotRequest, SnapshotParams, SnapshotsQuery } from '../schemas.js';
+import { CreateSnapshotRequest, RestoreRequest, SnapshotParams, SnapshotsQuery } from '../schemas.js';
 import type { SnapshotService } from '../services/snapshots.js';
 import { boxIdParam, parse } from '../http/parse.js';
 
@@ -12,6 +12,10 @@ export function snapshotRoutes(deps: { snapshots: SnapshotService }): Router {
 
   router.post('/boxes/:id/snapshots', json, async (req, res) => {
     res.status(201).json(await snapshots.create(boxIdParam(req), parse(CreateSnapshotRequest, req.body ?? {})));
+  });
+
+  router.post('/boxes/:id/restore', json, async (req, res) => {
+    res.json(await snapshots.restoreInPlace(boxIdParam(req), parse(RestoreRequest, req.body ?? {}).snapshot_id));
   });
 
   router.get('/snapshots', async (req, res) => {

@@ -43,7 +43,8 @@ export class SnapshotStore {
   }
 
   /** Streams the snapshot's workspace from the store into the box, checked against its digest. */
-  async restoreInto({ target, signal }: Pick<BoxCall, 'target' | 'signal'>, metadata: SnapshotMetadata): Promise<void> {
+  /** The snapshot's workspace into the box: merged, or with `replace` exactly the snapshot's. */
+  async restoreInto({ target, signal }: Pick<BoxCall, 'target' | 'signal'>, metadata: SnapshotMetadata, opts: { replace?: boolean } = {}): Promise<{ entries: number; bytes: number }> {
     const { store } = this.configured();
     const id = parseSnapshotId(metadata.snapshot_id)!;
     const limits = restoreLimits(metadata, snapshotLimits(this.deps.policy.current(), parseQuantity));
@@ -54,13 +55,21 @@ export class SnapshotStore {
       if (!object) throw new BridgeError('not_found', `snapshot ${metadata.snapshot_id} not found (deleted while restoring)`);
       const check = new Meter({ sha256: metadata.sha256, size: metadata.size });
       pipeline(object.body as Readable, check, () => undefined);
+      let written: { entries: number; bytes: number };
       try {
-        await this.deps.boxd.writeArchive(target, WORKSPACE, check, { maxBytes: limits.bytes, maxEntries: limits.entries, contentLength: metadata.size, signal });
+        written = await this.deps.boxd.writeArchive(target, WORKSPACE, check, {
+          maxBytes: limits.bytes,
+          maxEntries: limits.entries,
+          contentLength: metadata.size,
+          signal,
+          ...(opts.replace ? { replace: true } : {}),
+        });
       } finally {
         check.destroy(); // after a refusal, releases the store's stream too (pipeline)
       }
       bytes = check.bytes;
       this.deps.onRestored?.('ok', (performance.now() - started) / 1000, bytes);
+      return { entries: written.entries, bytes: written.bytes };
     } catch (err) {
       this.deps.onRestored?.('error', (performance.now() - started) / 1000, bytes);
       throw err;

@@ -178,6 +178,18 @@ export class SnapshotService {
   }
 
   /**
+   * Restores a snapshot's workspace into a running box (the platform's restoreWorkspaceBackup):
+   * /workspace becomes exactly the snapshot's — boxd takes the whole archive before anything
+   * there changes, then swaps. The box keeps its id, env, processes and everything outside
+   * /workspace (a fork from the snapshot is the way to get its env too).
+   */
+  async restoreInPlace(boxId: string, snapshotId: string): Promise<{ box_id: string; snapshot_id: string; entries: number; bytes: number }> {
+    const metadata = await this.metadata(snapshotId);
+    const written = await this.deps.connector.call(boxId, (call) => this.deps.snapshots.restoreInto(call, metadata, { replace: true }));
+    return { box_id: boxId, snapshot_id: snapshotId, entries: written.entries, bytes: written.bytes };
+  }
+
+  /**
    * Snapshots the box, then deletes it: the delete is sent only once the snapshot is stored, so
    * a store that fails leaves the box as it was (and the caller gets the store's error).
    */

@@ -146,6 +146,32 @@ suite('snapshots of real boxes in the real object store', () => {
     expect((await call('DELETE', `/boxes/${copy}`)).status).toBe(200);
   }, 240_000);
 
+  test('restore into the same box: /workspace exactly the snapshot\'s again, the box and its env kept; a refused restore changes nothing', async () => {
+    const scratch = (await callB('POST', '/boxes', { sessionId: 'snap-restore', cpu: 0.25, memory: 256 })).json.box_id as string;
+    try {
+      const before = (await exec(box, TREE_SUM)).stdout;
+      const id = (await call('POST', `/boxes/${box}/snapshots`, { ttlSeconds: 600 })).json.snapshot_id as string;
+      // Into another box, through the other replica: changed, removed, added and type-changed entries.
+      await exec(scratch, 'mkdir -p tree/d0 && echo stale > tree/d0/f0 && echo added > only-here.txt && mkdir blob.bin && echo kept-env');
+      expect((await callB('POST', `/boxes/${scratch}/env`, { envVars: { MINE: 'kept' } })).status).toBe(200);
+      const restored = await callB('POST', `/boxes/${scratch}/restore`, { snapshot_id: id });
+      expect(restored.status).toBe(200);
+      expect(restored.json).toEqual({ box_id: scratch, snapshot_id: id, entries: expect.any(Number), bytes: expect.any(Number) });
+      expect((await exec(scratch, TREE_SUM)).stdout).toBe(before);
+      expect((await exec(scratch, 'ls -A /workspace | grep -c boxd; printf "%s|%s" "$MINE" "${SECRET_TOKEN-unset}"')).stdout).toBe('0\nkept|unset');
+
+      // A snapshot that does not exist: 404, nothing changed.
+      await exec(scratch, 'echo after > after.txt');
+      const afterSum = (await exec(scratch, TREE_SUM)).stdout;
+      const missing = await callB('POST', `/boxes/${scratch}/restore`, { snapshot_id: 'snap-0000000000000000-0-0-0' });
+      expect([404, 400]).toContain(missing.status);
+      expect((await callB('POST', `/boxes/${scratch}/restore`, {})).status).toBe(400);
+      expect((await exec(scratch, TREE_SUM)).stdout).toBe(afterSum);
+    } finally {
+      await call('DELETE', `/boxes/${scratch}`);
+    }
+  }, 240_000);
+
   test('the env is never in clear in the store, and never in a response', async () => {
     const taken = await call('POST', `/boxes/${box}/snapshots`, {});
     expect(taken.status).toBe(201);
