@@ -100,9 +100,9 @@ export class MemoryMountService {
 
   /**
    * Before a box is deleted: its read-write stores are written back (a box without any, or
-   * without a pod — asleep, synced by its sleep — needs nothing). A store that fails keeps the
-   * box (the delete answers the error, nothing lost); a box whose sidecar cannot be reached is
-   * deleted all the same (nobody can read its files; what its last sync or sleep wrote stays).
+   * without a pod — asleep, synced by its sleep — needs nothing). The object store failing keeps
+   * the box (the delete answers the error, nothing lost); a box whose sidecar cannot be reached,
+   * or whose store is past the limits, is deleted all the same (what its last sync or sleep wrote stays).
    */
   async beforeDelete(boxId: string): Promise<void> {
     const store = this.deps.store;
@@ -121,10 +121,11 @@ export class MemoryMountService {
           }),
         );
       } catch (err) {
-        if (err instanceof BridgeError && err.type !== 'cluster_unavailable' && err.type !== 'not_found' && err.type !== 'conflict') throw err;
-        // The store is checked above: a 503 here is the box's agent or sidecar not answering.
-        if (err instanceof BridgeError && err.type === 'cluster_unavailable' && /object store/.test(err.message)) throw err;
-        this.deps.log.warn({ box: boxId, err: err instanceof Error ? err.message : String(err) }, 'could not sync the memory stores of a box being deleted: it does not answer');
+        // The object store failing keeps the box (503 or 500, nothing lost; a retry may pass). The
+        // box's side failing does not keep it from going: an agent or sidecar that does not answer,
+        // or a store past the limits (it could never be synced, and the caller wants the box gone).
+        if (!(err instanceof BridgeError) || /object store/.test(err.message)) throw err;
+        this.deps.log.warn({ box: boxId, err: err.message }, 'could not sync the memory stores of a box being deleted; deleting it all the same');
       }
     }
     await forgetBox(store, boxId, mounts).catch(() => undefined);

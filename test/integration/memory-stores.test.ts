@@ -4,15 +4,15 @@
 // /mnt/memory/<name>/; a read-only one refuses every write of box code with EROFS (a read-only
 // mount, whatever chmod tries), and box code cannot reach the sidecar; a read-write store's files
 // written in one session's box reach another session's box after a sync and after the first box
-// is destroyed (deletes too); a box's stores survive its sleep and wake; a pool without memory
-// stores answers 409.
+// is destroyed (deletes too); a box's stores survive its sleep and wake; a store that cannot be
+// synced keeps its box awake; a pool without memory stores answers 409.
 import { randomBytes } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { RunningBridge } from '../../bridge/server.js';
 import { ObjectStore, ObjectStoreConfigSchema } from '../../common/object-store.js';
 import { ON_REAL_NODE, api, startTestBridge } from '../support/bridge.js';
 import { realNodeAvailable } from '../support/cluster.js';
-import { kc, startLifecycle, until, type LifecycleEnv } from '../support/lifecycle.js';
+import { boxPods, eventsAbout, kc, startLifecycle, until, type LifecycleEnv } from '../support/lifecycle.js';
 import { localObjectStore } from '../support/object-store.js';
 
 const realNode = await realNodeAvailable(kc);
@@ -173,6 +173,27 @@ suite('memory stores on the real node with the real store', () => {
     expect(await stored(rw)).toEqual({ 'diary.txt': 'before sleep\nafter wake\n' });
     expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
   }, 240_000);
+
+  test('a read-write store that cannot be synced keeps its box awake (like a failed snapshot); a delete still deletes it', async () => {
+    const storeId = `many-${run}`;
+    const box = await newBox('many');
+    expect((await mount(box, { store_name: 'many', store_id: storeId, read_only: false })).status).toBe(200);
+    // One file more than a store may hold: the sync before a sleep is refused, so the sleep is.
+    expect((await exec(call, box, 'cd /mnt/memory/many && seq 0 10000 | xargs touch && ls | wc -l')).stdout.trim()).toBe('10001');
+    const pod = (await boxPods(env.pool.ns, box))[0]!;
+    const refused = await until(
+      'the sleep to be refused',
+      async () => (await eventsAbout(env.pool.ns, pod.metadata!.uid!)).find((e) => e.reason === 'SleepRefused' || e.reason === 'SleepFailed'),
+      60_000,
+    );
+    expect(refused.message).toMatch(/more than 10000 files/);
+    const status = (await call('GET', `/boxes/${box}/status`)).json;
+    expect(status.status).toBe('Running');
+    expect((await boxPods(env.pool.ns, box)).map((p) => p.metadata?.uid)).toEqual([pod.metadata!.uid]);
+    expect(await stored(storeId)).toEqual({});
+    // The caller wants it gone: a store past the limits could never be synced, so it does not keep the box.
+    expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
+  }, 180_000);
 
   test('a pool without memory stores answers 409 naming the setting', async () => {
     const off = await env.pools.createReady({ maxBoxes: 3, box: ON_REAL_NODE.box });
