@@ -264,7 +264,13 @@ export async function syncAll(
 ): Promise<number> {
   const rw = mounts.filter((m) => !m.read_only);
   if (!rw.length || !hasMountsSidecar(pod)) return 0;
-  for (const m of rw) await syncStore(d, t, m, signal);
+  for (const m of rw) {
+    await syncStore(d, t, m, signal).catch((err: unknown) => {
+      // Named, so an Event or an answer says which store (and that it is one).
+      if (err instanceof BridgeError) throw new BridgeError(err.type, `memory store ${m.store_name}: ${err.message}`, { headers: err.headers, cause: err });
+      throw err;
+    });
+  }
   return rw.length;
 }
 

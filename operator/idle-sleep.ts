@@ -216,7 +216,7 @@ export class IdleSleepReconciler {
           reason: outcome === 'too_large' ? 'SleepRefused' : 'SleepFailed',
           message:
             outcome === 'too_large'
-              ? `Idle sleep refused: ${message}; the box keeps running (raise spec.snapshots.maxBytes or maxEntries to let it sleep)`
+              ? `Idle sleep refused: ${message}; the box keeps running (${/^memory store /.test(message) ? 'remove files from that read-write memory store' : 'raise spec.snapshots.maxBytes or maxEntries'} to let it sleep)`
               : `Idle sleep failed, the box keeps running and nothing was lost: ${message}; retrying in ${Math.round(retryIn / 1000)} s`,
         });
       }

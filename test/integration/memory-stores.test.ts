@@ -186,7 +186,7 @@ suite('memory stores on the real node with the real store', () => {
       async () => (await eventsAbout(env.pool.ns, pod.metadata!.uid!)).find((e) => e.reason === 'SleepRefused' || e.reason === 'SleepFailed'),
       60_000,
     );
-    expect(refused.message).toMatch(/more than 10000 files/);
+    expect(refused.message).toMatch(/memory store many: .*more than 10000 files.*remove files from that read-write memory store/);
     const status = (await call('GET', `/boxes/${box}/status`)).json;
     expect(status.status).toBe('Running');
     expect((await boxPods(env.pool.ns, box)).map((p) => p.metadata?.uid)).toEqual([pod.metadata!.uid]);
