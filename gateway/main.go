@@ -24,6 +24,7 @@ import (
 
 	"sandbox-bridge.io/gateway/certs"
 	"sandbox-bridge.io/gateway/identity"
+	"sandbox-bridge.io/gateway/kube"
 	"sandbox-bridge.io/gateway/metrics"
 	"sandbox-bridge.io/gateway/proxy"
 	"sandbox-bridge.io/gateway/source"
@@ -34,7 +35,9 @@ var version = "dev"
 
 type config struct {
 	listen, metricsListen     string
+	source                    string
 	policyFile, keyFile       string
+	kube                      kubeFlags
 	caCert, caKey, upstreamCA string
 	idle, hello, dial         time.Duration
 	maxConnsPerBox            int
@@ -74,7 +77,14 @@ func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("egress-gateway", flag.ContinueOnError)
 	fs.StringVar(&c.listen, "listen", env("EGRESS_LISTEN", ":3128"), "proxy address (EGRESS_LISTEN)")
 	fs.StringVar(&c.metricsListen, "metrics-listen", env("EGRESS_METRICS_LISTEN", ":9090"), "metrics, /healthz and /readyz address (EGRESS_METRICS_LISTEN)")
-	fs.StringVar(&c.policyFile, "policy-file", env("EGRESS_POLICY_FILE", ""), "JSON state file: pools, boxes, credentials (EGRESS_POLICY_FILE, required)")
+	fs.StringVar(&c.source, "source", env("EGRESS_SOURCE", "file"), "where pools and boxes come from: file (-policy-file) or kubernetes (watches on the API server) (EGRESS_SOURCE)")
+	fs.StringVar(&c.policyFile, "policy-file", env("EGRESS_POLICY_FILE", ""), "JSON state file: pools, boxes, credentials (EGRESS_POLICY_FILE, required with -source=file)")
+	fs.StringVar(&c.kube.kubeconfig, "kubeconfig", env("EGRESS_KUBECONFIG", ""), "-source=kubernetes out of a cluster: a kubeconfig (EGRESS_KUBECONFIG; default: the pod's service account)")
+	fs.StringVar(&c.kube.context, "kube-context", env("EGRESS_KUBE_CONTEXT", ""), "the kubeconfig's context (EGRESS_KUBE_CONTEXT; default its current-context)")
+	fs.StringVar(&c.kube.server, "kube-server", env("EGRESS_KUBE_SERVER", ""), "API server URL, instead of a kubeconfig or the service account (EGRESS_KUBE_SERVER)")
+	fs.StringVar(&c.kube.caFile, "kube-ca-file", env("EGRESS_KUBE_CA_FILE", ""), "with -kube-server: the API server's CA, PEM (EGRESS_KUBE_CA_FILE; default the system roots)")
+	fs.StringVar(&c.kube.tokenFile, "kube-token-file", env("EGRESS_KUBE_TOKEN_FILE", ""), "with -kube-server: a bearer token file, re-read when it changes (EGRESS_KUBE_TOKEN_FILE)")
+	fs.StringVar(&c.kube.namespace, "kube-namespace", env("EGRESS_KUBE_NAMESPACE", ""), "watch box pods and records in this namespace only (EGRESS_KUBE_NAMESPACE; default all: needs a ClusterRole)")
 	fs.StringVar(&c.keyFile, "key-file", env("EGRESS_KEY_FILE", ""), "proxy credential keys, one per line, the first signs (EGRESS_KEY_FILE, required)")
 	fs.StringVar(&c.caCert, "ca-cert", env("EGRESS_CA_CERT", ""), "interception CA certificate, PEM (EGRESS_CA_CERT; without it no interception)")
 	fs.StringVar(&c.caKey, "ca-key", env("EGRESS_CA_KEY", ""), "interception CA private key, PEM (EGRESS_CA_KEY)")
@@ -91,8 +101,14 @@ func parseFlags(args []string) (config, error) {
 	switch {
 	case fs.NArg() > 0:
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
-	case c.policyFile == "":
-		return c, errors.New("-policy-file (EGRESS_POLICY_FILE) is required")
+	case c.source != "file" && c.source != "kubernetes":
+		return c, fmt.Errorf("-source %q: want file or kubernetes", c.source)
+	case c.source == "file" && c.policyFile == "":
+		return c, errors.New("-policy-file (EGRESS_POLICY_FILE) is required with -source=file")
+	case c.source == "kubernetes" && c.kube.server != "" && c.kube.kubeconfig != "":
+		return c, errors.New("-kube-server and -kubeconfig: give one")
+	case c.source == "kubernetes" && c.kube.server == "" && (c.kube.caFile != "" || c.kube.tokenFile != ""):
+		return c, errors.New("-kube-ca-file and -kube-token-file go with -kube-server")
 	case c.keyFile == "":
 		return c, errors.New("-key-file (EGRESS_KEY_FILE) is required")
 	case (c.caCert == "") != (c.caKey == ""):
@@ -169,10 +185,28 @@ func serve(c config) error {
 		}
 	}
 	m := metrics.New()
-	src := &source.File{Path: c.policyFile, Log: log, OnLoad: m.Reload}
-	if err := src.Load(); err != nil {
-		// Serve anyway (not ready, every request 503) and keep polling: the file may come later.
-		log.Error("policy not loaded", "path", c.policyFile, "error", err.Error())
+	var src runSource
+	switch c.source {
+	case "kubernetes":
+		kc, err := c.kube.config()
+		if err != nil {
+			return err
+		}
+		client, err := kube.NewClient(kc)
+		if err != nil {
+			return err
+		}
+		// Not ready (503) until pools, box pods and records are listed; then every watch event
+		// is a new State.
+		src = &source.Kubernetes{Client: client, Namespace: c.kube.namespace, Log: log, OnLoad: m.Reload}
+		log.Info("policy source: kubernetes", "server", kc.Server, "namespace", c.kube.namespace)
+	default:
+		f := &source.File{Path: c.policyFile, Log: log, OnLoad: m.Reload}
+		if err := f.Load(); err != nil {
+			// Serve anyway (not ready, every request 503) and keep polling: the file may come later.
+			log.Error("policy not loaded", "path", c.policyFile, "error", err.Error())
+		}
+		src = f
 	}
 	dialer := &net.Dialer{Timeout: c.dial, KeepAlive: 30 * time.Second}
 	if !c.allowPrivateUpstreams {
@@ -214,6 +248,37 @@ func serve(c config) error {
 		metricsSrv.Shutdown(sctx)
 	}
 	return err
+}
+
+// runSource is a Source that keeps itself current until its context ends.
+type runSource interface {
+	source.Source
+	Run(ctx context.Context)
+}
+
+type kubeFlags struct {
+	kubeconfig, context, server, caFile, tokenFile, namespace string
+}
+
+// config: -kube-server (with its CA and token files), else a kubeconfig, else the pod's own
+// service account.
+func (k kubeFlags) config() (*kube.Config, error) {
+	switch {
+	case k.server != "":
+		c := &kube.Config{Server: k.server, TokenFile: k.tokenFile}
+		if k.caFile != "" {
+			b, err := os.ReadFile(k.caFile)
+			if err != nil {
+				return nil, fmt.Errorf("-kube-ca-file: %w", err)
+			}
+			c.CAData = b
+		}
+		return c, nil
+	case k.kubeconfig != "":
+		return kube.LoadKubeconfig(k.kubeconfig, k.context)
+	default:
+		return kube.InCluster()
+	}
 }
 
 // refusePrivate refuses upstream addresses that are not public unicast: a name an allowed

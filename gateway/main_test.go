@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,10 +25,46 @@ func TestParseFlags(t *testing.T) {
 		"extra":                "unexpected",
 		"-policy-file=":        "required",
 		"-max-conns-per-box 0": "positive",
+		"-source etcd":         "want file or kubernetes",
+		"-source kubernetes -kube-server https://k:6443 -kubeconfig /k": "give one",
+		"-source kubernetes -kube-token-file /t":                        "go with -kube-server",
 	} {
 		if _, err := parseFlags(strings.Fields(args)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", args, err, want)
 		}
+	}
+}
+
+func TestParseFlagsKubernetes(t *testing.T) {
+	t.Setenv("EGRESS_KEY_FILE", "/etc/egress/keys")
+	t.Setenv("EGRESS_POLICY_FILE", "")
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.crt")
+	os.WriteFile(ca, []byte("PEM"), 0o600)
+	// -source=kubernetes needs no policy file; -kube-server with its CA and token files.
+	c, err := parseFlags([]string{"-source=kubernetes", "-kube-server=https://10.96.0.1:443", "-kube-ca-file=" + ca,
+		"-kube-token-file=/var/run/token", "-kube-namespace=sandboxes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := c.kube.config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kc.Server != "https://10.96.0.1:443" || string(kc.CAData) != "PEM" || kc.TokenFile != "/var/run/token" || c.kube.namespace != "sandboxes" {
+		t.Fatalf("kube config %+v, flags %+v", kc, c.kube)
+	}
+	// Without -kube-server or -kubeconfig: the pod's service account, an error outside a pod.
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	c, err = parseFlags([]string{"-source=kubernetes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.kube.config(); err == nil || !strings.Contains(err.Error(), "not in a cluster") {
+		t.Fatalf("in-cluster outside a cluster: %v", err)
+	}
+	if _, err := parseFlags([]string{}); err == nil || !strings.Contains(err.Error(), "-policy-file") {
+		t.Fatalf("-source=file (the default) without a file: %v", err)
 	}
 }
 

@@ -1,0 +1,376 @@
+package source
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"net/url"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"sandbox-bridge.io/gateway/kube"
+	"sandbox-bridge.io/gateway/policy"
+)
+
+// The names sandbox-bridge stamps on Kubernetes objects that the gateway reads (common/labels.ts
+// is their one definition; these must say the same).
+const (
+	LabelBox          = "sandbox-bridge.io/box"    // "true" on box pods, warm pods and box Secrets
+	LabelBoxID        = "sandbox-bridge.io/box-id" // on a session's box pod (warm pods have none)
+	LabelPool         = "sandbox-bridge.io/pool"   // the SandboxPool a box belongs to
+	LabelComponent    = "app.kubernetes.io/component"
+	ComponentRecord   = "box-record" // a box's record Secret, named after the box id
+	AnnotationEgress  = "sandbox-bridge.io/egress"
+	PoolResourcePath  = "/apis/sandbox-bridge.io/v1alpha1/sandboxpools"
+	EgressModeGateway = "gateway"
+)
+
+// Kubernetes is a Source fed by watches on the API server (kube.Reflector: list, then watch from
+// the list's resourceVersion, relist on 410): SandboxPools (cluster-scoped), box pods
+// (sandbox-bridge.io/box=true) and box record Secrets (metadata only: their data never reaches
+// the gateway). Every change builds a new State (swapped atomically), so an edit is in force on
+// every replica as soon as its watch event arrives, typically milliseconds after the write.
+//
+// What it reads:
+//   - a pool: spec.namespace, spec.egress.mode (only "gateway" pools are served: a direct-mode
+//     pool's boxes are unknown to the gateway, 407) and spec.egress.domains.{allow,deny,plainHttp};
+//   - a pod: the box id and pool labels, status.podIP; only pods in their pool's namespace,
+//     not finished, not on the host network; two pods claiming one IP are both left out;
+//   - a record Secret's sandbox-bridge.io/egress annotation, JSON {"allow": [...], "deny": [...]}:
+//     the box's narrowing (absent: the pool's policy). Credentials are not read from the cluster
+//     yet (Credentials stays empty; see the README).
+//
+// Until pools, pods and records have each been listed once, Current is nil (not ready, 503).
+// When the API server goes away the last State stays in force while the watches retry.
+type Kubernetes struct {
+	Client *kube.Client
+	// Namespace limits the pod and Secret watches to one namespace (a Role there suffices);
+	// "" watches all namespaces (a ClusterRole).
+	Namespace string
+	Log       *slog.Logger
+	// OnLoad, when set, is called after every State built (ok true) or refused (never: a bad
+	// object is left out, not the whole State).
+	OnLoad func(ok bool)
+
+	pools   *kube.Reflector[kubePool]
+	pods    *kube.Reflector[kubePod]
+	records *kube.Reflector[kubeRecord]
+	dirty   chan struct{}
+	cur     atomic.Pointer[State]
+	builds  atomic.Int64
+	warned  map[string]bool
+	once    sync.Once // warnings of the last build: each is logged once, not per event
+}
+
+// Current returns the last State, nil before every resource was listed once.
+func (k *Kubernetes) Current() *State { return k.cur.Load() }
+
+// Builds is how many States were built (tests, metrics).
+func (k *Kubernetes) Builds() int64 { return k.builds.Load() }
+
+func (k *Kubernetes) log() *slog.Logger {
+	if k.Log != nil {
+		return k.Log
+	}
+	return slog.Default()
+}
+
+func (k *Kubernetes) init() { k.once.Do(k.setup) }
+
+func (k *Kubernetes) setup() {
+	k.dirty = make(chan struct{}, 1)
+	mark := func() {
+		select {
+		case k.dirty <- struct{}{}:
+		default: // a build is already due; it will see this change too
+		}
+	}
+	ns := ""
+	if k.Namespace != "" {
+		ns = "/namespaces/" + url.PathEscape(k.Namespace)
+	}
+	k.pools = &kube.Reflector[kubePool]{Client: k.Client, Path: PoolResourcePath, Decode: decodePool, OnChange: mark, Log: k.Log}
+	k.pods = &kube.Reflector[kubePod]{
+		Client: k.Client, Path: "/api/v1" + ns + "/pods", Decode: decodePod, OnChange: mark, Log: k.Log,
+		Query: url.Values{"labelSelector": {LabelBox + "=true," + LabelBoxID}},
+	}
+	k.records = &kube.Reflector[kubeRecord]{
+		Client: k.Client, Path: "/api/v1" + ns + "/secrets", Decode: decodeRecord, OnChange: mark, Log: k.Log,
+		Query:  url.Values{"labelSelector": {LabelBox + "=true," + LabelComponent + "=" + ComponentRecord}},
+		Accept: kube.MetadataListAccept, WatchAccept: kube.MetadataWatchAccept,
+	}
+}
+
+// Run watches until ctx ends.
+func (k *Kubernetes) Run(ctx context.Context) {
+	k.init()
+	go k.pools.Run(ctx)
+	go k.pods.Run(ctx)
+	go k.records.Run(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.dirty:
+		}
+		if !k.pools.Synced() || !k.pods.Synced() || !k.records.Synced() {
+			continue // each first list marks dirty again
+		}
+		k.rebuild()
+	}
+}
+
+// Reflectors' counters, for tests.
+func (k *Kubernetes) lists() (pools, pods, records int64) {
+	k.init()
+	return k.pools.Lists.Load(), k.pods.Lists.Load(), k.records.Lists.Load()
+}
+
+func (k *Kubernetes) rebuild() {
+	var pools map[string]kubePool
+	var pods []kubePod
+	var records map[string]kubeRecord
+	pools = make(map[string]kubePool, k.pools.Len())
+	k.pools.Range(func(key string, v kubePool) { pools[key] = v })
+	k.pods.Range(func(_ string, v kubePod) { pods = append(pods, v) })
+	records = make(map[string]kubeRecord, k.records.Len())
+	k.records.Range(func(key string, v kubeRecord) { records[key] = v })
+	s, warnings := buildState(pools, pods, records)
+	prev := k.cur.Swap(s)
+	k.builds.Add(1)
+	if k.OnLoad != nil {
+		k.OnLoad(true)
+	}
+	warned := make(map[string]bool, len(warnings))
+	for _, w := range warnings {
+		if !k.warned[w] {
+			k.log().Warn("policy", "source", "kubernetes", "warning", w)
+		}
+		warned[w] = true
+	}
+	k.warned = warned
+	if prev == nil {
+		k.log().Info("policy loaded", "source", "kubernetes", "pools", len(s.Pools), "boxes", len(s.Boxes))
+	}
+}
+
+// kubePool is what the gateway keeps of a SandboxPool.
+type kubePool struct {
+	Namespace string
+	Gateway   bool
+	Pool      policy.Pool
+}
+
+// kubePod is what it keeps of a box pod.
+type kubePod struct {
+	Namespace, Name, BoxID, Pool string
+	IP                           netip.Addr
+	Deleting                     bool
+	Created                      string
+}
+
+// kubeRecord is what it keeps of a box's record Secret: the narrowing, if any.
+type kubeRecord struct {
+	Set   bool // the annotation is present
+	Allow []string
+	Deny  []string
+	Err   string // the annotation does not parse: the box gets no allowance (fail closed)
+}
+
+func decodePool(raw json.RawMessage) (kubePool, bool, error) {
+	var o struct {
+		Spec struct {
+			Namespace string `json:"namespace"`
+			Egress    struct {
+				Mode    string `json:"mode"`
+				Domains struct {
+					Allow     []string `json:"allow"`
+					Deny      []string `json:"deny"`
+					PlainHTTP []string `json:"plainHttp"`
+				} `json:"domains"`
+			} `json:"egress"`
+		} `json:"spec"`
+	}
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return kubePool{}, false, err
+	}
+	d := o.Spec.Egress.Domains
+	return kubePool{
+		Namespace: o.Spec.Namespace,
+		Gateway:   o.Spec.Egress.Mode == EgressModeGateway,
+		Pool:      policy.Pool{Allow: d.Allow, Deny: d.Deny, PlainHTTP: d.PlainHTTP},
+	}, true, nil
+}
+
+func decodePod(raw json.RawMessage) (kubePod, bool, error) {
+	var o struct {
+		Metadata struct {
+			Name              string            `json:"name"`
+			Namespace         string            `json:"namespace"`
+			Labels            map[string]string `json:"labels"`
+			DeletionTimestamp *string           `json:"deletionTimestamp"`
+			CreationTimestamp string            `json:"creationTimestamp"`
+		} `json:"metadata"`
+		Spec struct {
+			HostNetwork bool `json:"hostNetwork"`
+		} `json:"spec"`
+		Status struct {
+			Phase string `json:"phase"`
+			PodIP string `json:"podIP"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return kubePod{}, false, err
+	}
+	l := o.Metadata.Labels
+	if l[LabelBox] != "true" || l[LabelBoxID] == "" || o.Spec.HostNetwork {
+		return kubePod{}, false, nil
+	}
+	// A finished pod's IP is free for another pod; one without an IP yet cannot connect.
+	if o.Status.Phase == "Succeeded" || o.Status.Phase == "Failed" || o.Status.PodIP == "" {
+		return kubePod{}, false, nil
+	}
+	ip, err := netip.ParseAddr(o.Status.PodIP)
+	if err != nil {
+		return kubePod{}, false, fmt.Errorf("status.podIP: %w", err)
+	}
+	return kubePod{
+		Namespace: o.Metadata.Namespace, Name: o.Metadata.Name, BoxID: l[LabelBoxID], Pool: l[LabelPool],
+		IP: ip.Unmap(), Deleting: o.Metadata.DeletionTimestamp != nil, Created: o.Metadata.CreationTimestamp,
+	}, true, nil
+}
+
+func decodeRecord(raw json.RawMessage) (kubeRecord, bool, error) {
+	var o struct {
+		Metadata struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return kubeRecord{}, false, err
+	}
+	a, ok := o.Metadata.Annotations[AnnotationEgress]
+	if !ok {
+		return kubeRecord{}, false, nil // nothing to keep: the pool's policy applies
+	}
+	var e struct {
+		Allow *[]string `json:"allow"`
+		Deny  []string  `json:"deny"`
+	}
+	if err := json.Unmarshal([]byte(a), &e); err != nil {
+		return kubeRecord{Set: true, Allow: []string{}, Err: err.Error()}, true, nil
+	}
+	r := kubeRecord{Set: true, Deny: e.Deny}
+	if e.Allow != nil {
+		r.Allow = *e.Allow
+		if r.Allow == nil {
+			r.Allow = []string{}
+		}
+	}
+	return r, true, nil
+}
+
+// buildState makes the State the proxy reads. Nothing here refuses the whole State (unlike
+// Parse, which refuses a document): one bad object is left out or made to allow nothing, and
+// every other box keeps working. Fail closed: a pool whose lists do not validate allows
+// nothing; a box whose narrowing does not validate allows nothing.
+func buildState(pools map[string]kubePool, pods []kubePod, records map[string]kubeRecord) (*State, []string) {
+	s := &State{Pools: map[string]policy.Pool{}, Boxes: map[string]*Box{}, byIP: map[netip.Addr]string{}}
+	var warnings []string
+	nsOf := map[string]string{}
+	for name, p := range pools {
+		if !p.Gateway {
+			continue
+		}
+		bad := ""
+		for _, list := range [][]string{p.Pool.Allow, p.Pool.Deny, p.Pool.PlainHTTP} {
+			for _, pat := range list {
+				if err := policy.ValidPattern(pat); err != nil && bad == "" {
+					bad = err.Error()
+				}
+			}
+		}
+		if bad != "" {
+			warnings = append(warnings, fmt.Sprintf("pool %q: %s; the pool allows nothing until it is fixed", name, bad))
+			p.Pool = policy.Pool{Allow: []string{}}
+		}
+		s.Pools[name] = p.Pool
+		nsOf[name] = p.Namespace
+	}
+	// One pod per box: a box whose pod is being replaced (a wake) may briefly have two; the one
+	// not being deleted wins, then the newer.
+	sort.Slice(pods, func(i, j int) bool {
+		a, b := pods[i], pods[j]
+		if a.BoxID != b.BoxID {
+			return a.BoxID < b.BoxID
+		}
+		if a.Deleting != b.Deleting {
+			return !a.Deleting
+		}
+		if a.Created != b.Created {
+			return a.Created > b.Created
+		}
+		return a.Name < b.Name
+	})
+	owners := map[netip.Addr][]string{}
+	for _, p := range pods {
+		if _, done := s.Boxes[p.BoxID]; done {
+			continue
+		}
+		ns, ok := nsOf[p.Pool]
+		if !ok || ns != p.Namespace {
+			continue // not a gateway pool's box, or a pod outside its pool's namespace
+		}
+		b := &Box{Pool: p.Pool, IP: p.IP.String(), ip: p.IP}
+		if r, ok := records[p.Namespace+"/"+p.BoxID]; ok && r.Set {
+			b.Allow, b.Deny = r.Allow, r.Deny
+			if r.Err != "" {
+				warnings = append(warnings, fmt.Sprintf("box %q: annotation %s does not parse (%s); the box allows nothing", p.BoxID, AnnotationEgress, r.Err))
+			}
+			for _, list := range [][]string{b.Allow, b.Deny} {
+				for _, pat := range list {
+					if err := policy.ValidPattern(pat); err != nil {
+						warnings = append(warnings, fmt.Sprintf("box %q: %s; the box allows nothing", p.BoxID, err))
+						b.Allow, b.Deny = []string{}, nil
+					}
+				}
+			}
+			if out := policy.Outside(b.Allow, s.Pools[p.Pool].Allow); len(out) > 0 {
+				warnings = append(warnings, fmt.Sprintf("box %q: allow entries %q are outside pool %q's allow list and allow nothing", p.BoxID, out, p.Pool))
+			}
+		}
+		s.Boxes[p.BoxID] = b
+		owners[p.IP] = append(owners[p.IP], p.BoxID)
+	}
+	for ip, ids := range owners {
+		if len(ids) > 1 {
+			// Identity is the IP and the credential together: an IP two boxes claim identifies
+			// neither (both get 407 until the API server's view settles).
+			warnings = append(warnings, fmt.Sprintf("boxes %q have the same pod IP %s; both are left out", ids, ip))
+			for _, id := range ids {
+				delete(s.Boxes, id)
+			}
+			continue
+		}
+		s.byIP[ip] = ids[0]
+	}
+	return s, warnings
+}
+
+// WaitReady waits until the first State is built or ctx ends (for callers that want to block).
+func (k *Kubernetes) WaitReady(ctx context.Context) bool {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for k.Current() == nil {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+	return true
+}

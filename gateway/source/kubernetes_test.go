@@ -1,0 +1,191 @@
+package source
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"sandbox-bridge.io/gateway/internal/kubetest"
+	"sandbox-bridge.io/gateway/kube"
+	"sandbox-bridge.io/gateway/policy"
+)
+
+func sbPool(name, ns, mode string, allow, deny []string) map[string]any {
+	return map[string]any{"apiVersion": "sandbox-bridge.io/v1alpha1", "kind": "SandboxPool",
+		"metadata": map[string]any{"name": name},
+		"spec": map[string]any{"namespace": ns, "egress": map[string]any{"mode": mode,
+			"domains": map[string]any{"allow": allow, "deny": deny}}}}
+}
+
+func boxPod(ns, name, boxID, pool, ip string) map[string]any {
+	labels := map[string]any{LabelBox: "true", LabelPool: pool}
+	if boxID != "" {
+		labels[LabelBoxID] = boxID
+	}
+	return map[string]any{"metadata": map[string]any{"name": name, "namespace": ns, "labels": labels,
+		"creationTimestamp": "2026-11-25T03:00:00Z"},
+		"spec":   map[string]any{"containers": []any{map[string]any{"name": "box", "image": "python"}}},
+		"status": map[string]any{"phase": "Running", "podIP": ip}}
+}
+
+func record(ns, boxID, egress string) map[string]any {
+	md := map[string]any{"name": boxID, "namespace": ns,
+		"labels": map[string]any{LabelBox: "true", LabelComponent: ComponentRecord}}
+	if egress != "" {
+		md["annotations"] = map[string]any{AnnotationEgress: egress}
+	}
+	return map[string]any{"metadata": md, "type": "Opaque", "data": map[string]any{"env": "c2VjcmV0LXZhbHVl"}}
+}
+
+func decide(s *State, ip, host string) string {
+	id := s.BoxAt(netip.MustParseAddr(ip))
+	b := s.Boxes[id]
+	if b == nil {
+		return "unknown"
+	}
+	d := policy.Decide(s.Pools[b.Pool], b.Policy(), host, false)
+	if d.Allow {
+		return "allow"
+	}
+	return d.Rule
+}
+
+func TestKubernetesSource(t *testing.T) {
+	api := kubetest.New(t)
+	api.Put("sandboxpools", sbPool("p1", "sb", "gateway", []string{"*.example.test", "api.test", "pypi.test"}, []string{"bad.example.test"}))
+	api.Put("sandboxpools", sbPool("p2", "sb2", "direct", []string{"*"}, nil))
+	api.Put("sandboxpools", sbPool("p3", "sb3", "gateway", []string{"*", "a.*.test"}, nil)) // invalid: allows nothing
+	api.Put("pods", boxPod("sb", "box-a", "box-a", "p1", "10.0.0.1"))
+	api.Put("pods", boxPod("sb", "warm-1", "", "p1", "10.0.0.2"))        // a warm pod: no box yet
+	api.Put("pods", boxPod("sb2", "box-b", "box-b", "p2", "10.0.0.3"))   // a direct-mode pool's box
+	api.Put("pods", boxPod("other", "box-c", "box-c", "p1", "10.0.0.4")) // outside its pool's namespace
+	done := boxPod("sb", "box-d", "box-d", "p1", "10.0.0.5")
+	done["status"].(map[string]any)["phase"] = "Succeeded" // its IP is free for others
+	api.Put("pods", done)
+	api.Put("pods", boxPod("sb", "box-e", "box-e", "p1", "10.0.0.6"))
+	api.Put("pods", boxPod("sb", "box-f", "box-f", "p1", "10.0.0.6")) // the same IP as box-e
+	api.Put("pods", boxPod("sb3", "box-g", "box-g", "p3", "10.0.0.7"))
+	api.Put("pods", boxPod("sb", "box-h", "box-h", "p1", "10.0.0.8"))
+	api.Put("secrets", record("sb", "box-a", `{"allow": ["api.test", "*.example.test"], "deny": ["x.example.test"]}`))
+	api.Put("secrets", record("sb", "box-h", `{"allow": `)) // does not parse: the box allows nothing
+	api.FailNext("secrets", 500, 500)                       // the records' first list fails twice
+
+	c, err := kube.NewClient(&kube.Config{Server: api.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var loads atomic.Int64
+	k := &Kubernetes{Client: c, OnLoad: func(bool) { loads.Add(1) }}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go k.Run(ctx)
+	// Not ready until every resource was listed: pools and pods are in, records not yet.
+	waitFor(t, func() bool { p, q, _ := k.lists(); return p > 0 && q > 0 })
+	if k.Current() != nil {
+		t.Fatal("a State before the records were listed")
+	}
+	waitFor(t, func() bool { return k.Current() != nil })
+	s := k.Current()
+
+	ids := []string{}
+	for id := range s.Boxes {
+		ids = append(ids, id)
+	}
+	if len(s.Boxes) != 3 || s.Boxes["box-a"] == nil || s.Boxes["box-g"] == nil || s.Boxes["box-h"] == nil {
+		t.Fatalf("boxes %v, want box-a, box-g, box-h (warm, direct pool, wrong namespace, finished, shared IP left out)", ids)
+	}
+	if _, ok := s.Pools["p2"]; ok {
+		t.Fatal("a direct-mode pool is served")
+	}
+	for _, tc := range []struct{ ip, host, want string }{
+		{"10.0.0.1", "api.test", "allow"},
+		{"10.0.0.1", "www.example.test", "allow"},
+		{"10.0.0.1", "pypi.test", "box.allow:none"}, // narrowed by the record
+		{"10.0.0.1", "bad.example.test", "pool.deny:bad.example.test"},
+		{"10.0.0.1", "x.example.test", "box.deny:x.example.test"},
+		{"10.0.0.6", "api.test", "unknown"},         // two boxes claim the IP: neither
+		{"10.0.0.7", "a.b.test", "pool.allow:none"}, // invalid pool lists allow nothing
+		{"10.0.0.8", "api.test", "box.allow:none"},  // unparsable narrowing allows nothing
+		{"10.0.0.2", "api.test", "unknown"},
+	} {
+		if got := decide(s, tc.ip, tc.host); got != tc.want {
+			t.Errorf("%s -> %s: %s, want %s", tc.ip, tc.host, got, tc.want)
+		}
+	}
+	// Secrets were asked for as metadata only: their data never reached the gateway.
+	for _, q := range api.Requests() {
+		if q.Resource == "secrets" && !strings.Contains(q.Accept, "as=PartialObjectMetadata") {
+			t.Fatalf("a Secret request without the metadata-only Accept: %+v", q)
+		}
+		if q.Resource == "pods" && q.LabelSelector != LabelBox+"=true,"+LabelBoxID {
+			t.Fatalf("pods selector %q", q.LabelSelector)
+		}
+	}
+
+	// Changes through the watch are in force within 1 s (waitFor's bound).
+	api.Put("sandboxpools", sbPool("p1", "sb", "gateway", []string{"*.example.test", "api.test", "pypi.test"}, []string{"bad.example.test", "api.test"}))
+	waitFor(t, func() bool { return decide(k.Current(), "10.0.0.1", "api.test") == "pool.deny:api.test" })
+	api.Put("secrets", record("sb", "box-a", `{"allow": ["pypi.test"]}`))
+	waitFor(t, func() bool { return decide(k.Current(), "10.0.0.1", "pypi.test") == "allow" })
+	api.Put("secrets", record("sb", "box-a", "")) // the narrowing removed: the pool's policy
+	waitFor(t, func() bool { return decide(k.Current(), "10.0.0.1", "www.example.test") == "allow" })
+	// The pod moves to another IP (a wake): the old IP is nobody's, the new one is box-a's.
+	api.Put("pods", boxPod("sb", "box-a", "box-a", "p1", "10.0.0.9"))
+	waitFor(t, func() bool { return k.Current().BoxAt(netip.MustParseAddr("10.0.0.9")) == "box-a" })
+	if id := k.Current().BoxAt(netip.MustParseAddr("10.0.0.1")); id != "" {
+		t.Fatalf("the old IP still maps to %q", id)
+	}
+	api.Delete("pods", "sb", "box-f") // box-e's IP is its own again
+	waitFor(t, func() bool { return k.Current().BoxAt(netip.MustParseAddr("10.0.0.6")) == "box-e" })
+	// A pool switched to direct: its boxes leave the gateway.
+	api.Put("sandboxpools", sbPool("p1", "sb", "direct", nil, nil))
+	waitFor(t, func() bool { return k.Current().Boxes["box-a"] == nil && k.Current().Boxes["box-e"] == nil })
+	api.Delete("pods", "sb3", "box-g")
+	waitFor(t, func() bool { return len(k.Current().Boxes) == 0 })
+	if loads.Load() < 2 {
+		t.Fatalf("OnLoad called %d times", loads.Load())
+	}
+}
+
+// The API server going away keeps the last State in force; when it is back, a relist (410: the
+// watch's resourceVersion was compacted meanwhile) brings changes made meanwhile.
+func TestKubernetesSourceSurvivesOutage(t *testing.T) {
+	api := kubetest.New(t)
+	api.Put("sandboxpools", sbPool("p1", "sb", "gateway", []string{"api.test"}, nil))
+	api.Put("pods", boxPod("sb", "box-a", "box-a", "p1", "10.0.0.1"))
+	api.Put("pods", boxPod("sb", "box-b", "box-b", "p1", "10.0.0.2"))
+	c, _ := kube.NewClient(&kube.Config{Server: api.URL})
+	k := &Kubernetes{Client: c, Namespace: "sb"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go k.Run(ctx)
+	waitFor(t, func() bool { return k.Current() != nil && len(k.Current().Boxes) == 2 })
+	for _, q := range api.Requests() {
+		if q.Resource != "sandboxpools" && q.Namespace != "sb" {
+			t.Fatalf("-namespace sb, but a request for %+v", q)
+		}
+	}
+	api.FailNext("pods", 503, 503, 503, 503)
+	api.Compact(false)
+	api.Delete("pods", "sb", "box-b")
+	api.CloseWatches()
+	time.Sleep(50 * time.Millisecond)
+	if k.Current() == nil || k.Current().Boxes["box-a"] == nil {
+		t.Fatal("an outage dropped the State")
+	}
+	waitForLong(t, 5*time.Second, func() bool { return k.Current().Boxes["box-b"] == nil && k.Current().Boxes["box-a"] != nil })
+}
+
+func waitForLong(t *testing.T, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
