@@ -68,6 +68,11 @@ export const ANNOTATIONS = {
   backupContext: `${API_GROUP}/backup-context`,
   /** On a box's record: the outbound context (JSON {tenant_id, session_id}) for the egress gateway's credential lookups. */
   outboundContext: `${API_GROUP}/outbound-context`,
+  /**
+   * On a box's record: its narrowing of the pool's egress domains, JSON {"allow": [...]}, read by
+   * the egress gateway (common/box-egress.ts, gateway/source); absent: the pool's policy.
+   */
+  egress: `${API_GROUP}/egress`,
   /** On a box's record: the session whose outputs its /mnt/session/outputs holds (JSON {tenant_id, session_id}, common/session-outputs.ts). */
   sessionOutputs: `${API_GROUP}/session-outputs`,
   /**

@@ -45,6 +45,26 @@ export interface EgressPolicy {
   deniedCIDRs: string[];
   /** Cluster DNS, reachable on port 53 (UDP and TCP) only, whatever the CIDR lists say. */
   dns: DnsPeers;
+  /**
+   * direct: boxes connect out themselves, bounded by the CIDR lists above. gateway: through the
+   * egress gateway (docs/egress.md), which decides by domain and injects credentials. Default
+   * direct: a gateway is a component to run (and a CA to trust), and pools made before it existed
+   * must keep working unchanged.
+   */
+  mode: EgressMode;
+  /** Gateway mode: the domains boxes may reach (patterns as gateway/policy's: name, *.name, *, IP). */
+  domains: EgressDomains;
+}
+
+export type EgressMode = 'direct' | 'gateway';
+
+export interface EgressDomains {
+  /** Nothing is reachable through the gateway unless listed here; a box may narrow it, never widen it. */
+  allow: string[];
+  /** Refused whatever allows them (deny wins). */
+  deny: string[];
+  /** Hosts boxes may also reach over plain HTTP (they must be allowed too; credentials are never sent there). */
+  plainHttp: string[];
 }
 
 export interface DnsPeers {
@@ -213,6 +233,8 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
       '::/128',
     ],
     dns: { namespace: 'kube-system', podLabels: { 'k8s-app': 'kube-dns' }, cidrs: ['169.254.20.10/32'] },
+    mode: 'direct',
+    domains: { allow: [], deny: [], plainHttp: [] },
   },
   bridge: {
     namespace: 'sandbox-bridge',
@@ -229,7 +251,7 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
 /** A spec with every field the CRD defaults filled in. */
 export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge' | 'snapshots' | 'warm' | 'idle' | 'box'>> & {
   namespace: string;
-  egress?: Partial<Omit<EgressPolicy, 'dns'>> & { dns?: Partial<DnsPeers> };
+  egress?: Partial<Omit<EgressPolicy, 'dns' | 'domains'>> & { dns?: Partial<DnsPeers>; domains?: Partial<EgressDomains> };
   bridge?: Partial<BridgePeers>;
   snapshots?: Partial<SnapshotPolicy>;
   warm?: Partial<WarmPolicy>;
@@ -242,7 +264,12 @@ export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
     ...POOL_DEFAULTS,
     ...spec,
     box: { ...POOL_DEFAULTS.box, ...spec.box, memoryStores: { ...POOL_DEFAULTS.box.memoryStores, ...spec.box?.memoryStores } },
-    egress: { ...POOL_DEFAULTS.egress, ...spec.egress, dns: { ...POOL_DEFAULTS.egress.dns, ...spec.egress?.dns } },
+    egress: {
+      ...POOL_DEFAULTS.egress,
+      ...spec.egress,
+      dns: { ...POOL_DEFAULTS.egress.dns, ...spec.egress?.dns },
+      domains: { ...POOL_DEFAULTS.egress.domains, ...spec.egress?.domains },
+    },
     bridge: { ...POOL_DEFAULTS.bridge, ...spec.bridge },
     snapshots: { ...POOL_DEFAULTS.snapshots, ...spec.snapshots },
     warm: { ...POOL_DEFAULTS.warm, ...spec.warm },
