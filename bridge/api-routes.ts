@@ -33,7 +33,7 @@ export interface ApiResponse {
 export interface ApiRoute {
   /** Unique, camelCase; what generated clients name the call. */
   operationId: string;
-  method: 'get' | 'post' | 'put' | 'delete';
+  method: 'get' | 'post' | 'put' | 'patch' | 'delete';
   /** Under /api/v1, with OpenAPI's {name} for path parameters. */
   path: string;
   summary: string;
@@ -383,6 +383,37 @@ export const API_ROUTES: ApiRoute[] = [
     params: S.BoxParams,
     body: jsonBody(S.SetContextRequest),
     responses: { 200: json(S.ContextSet) },
+  },
+  // ---- egress (docs/api.md "Egress") ----
+  {
+    operationId: 'getBoxEgress',
+    method: 'get',
+    path: '/boxes/{id}/egress',
+    summary: "The box's egress policy: what it may reach and the hosts it has credentials for (never their values)",
+    params: S.BoxParams,
+    responses: { 200: json(S.BoxEgress) },
+  },
+  {
+    operationId: 'setBoxEgress',
+    method: 'patch',
+    path: '/boxes/{id}/egress',
+    summary: "Change the box's allow list at run time (each entry within the pool's)",
+    description: "Kept on the box's record, where the egress gateway reads it; never wakes a sleeping box. 400 names the entries outside the pool's list; 409 when the pool's egress mode is not gateway.",
+    params: S.BoxParams,
+    body: jsonBody(S.SetBoxEgressRequest),
+    responses: { 200: json(S.BoxEgress) },
+    errors: [409],
+  },
+  {
+    operationId: 'setBoxEgressCredentials',
+    method: 'put',
+    path: '/boxes/{id}/egress/credentials',
+    summary: 'Register the headers the egress gateway sets on the box\'s requests to each host (write-only)',
+    description: "Replaces the box's credentials ({} removes them). Stored in the box's record Secret, never returned, logged, put in the pod or a snapshot; never wakes a sleeping box. 409 when the pool's egress mode is not gateway.",
+    params: S.BoxParams,
+    body: jsonBody(S.SetEgressCredentialsRequest),
+    responses: { 200: json(S.EgressCredentialsSet) },
+    errors: [409],
   },
   {
     operationId: 'mountSessionOutputs',

@@ -18,6 +18,7 @@ import { clusterRoutes } from './routes/cluster.js';
 import { execRoutes } from './routes/exec.js';
 import { fileRoutes } from './routes/files.js';
 import { platformRoutes } from './routes/platform.js';
+import { egressRoutes } from './routes/egress.js';
 import { mountRoutes } from './routes/mounts.js';
 import { snapshotRoutes } from './routes/snapshots.js';
 import type { BoxService } from './services/boxes.js';
@@ -28,6 +29,7 @@ import type { FileService } from './services/files.js';
 import type { ProcessService } from './services/processes.js';
 import type { SnapshotService } from './services/snapshots.js';
 import type { BoxContextService } from './services/box-context.js';
+import type { EgressService } from './services/egress.js';
 import type { SessionOutputsService } from './services/session-outputs.js';
 import type { MemoryMountService } from './services/mounts.js';
 
@@ -44,6 +46,7 @@ export interface AppDeps {
   files: FileService;
   snapshots: SnapshotService;
   boxContext: BoxContextService;
+  egress: EgressService;
   sessionOutputs: SessionOutputsService;
   memoryMounts: MemoryMountService;
   cluster: ClusterService;
@@ -117,6 +120,7 @@ export function createApp(deps: AppDeps): Express {
   api.use('/boxes', boxRoutes(deps), execRoutes(deps), fileRoutes(deps));
   api.use(snapshotRoutes(deps));
   api.use(platformRoutes(deps));
+  api.use(egressRoutes(deps));
   api.use(mountRoutes(deps));
   api.use(clusterRoutes(deps.cluster));
   api.use(notFoundRoute);

@@ -36,6 +36,17 @@ export const CreateBoxHeaders = z.object({
 
 // ---- requests ----
 
+// The egress part of a create (docs/api.md "Egress"; checked by common/box-egress.ts).
+const EgressPattern = z.string().min(1).max(255);
+export const BoxEgressRequest = z
+  .object({
+    allow: z
+      .array(EgressPattern)
+      .max(256)
+      .describe("The box's allow list: a name, *.name, * or an IP address, each within the pool's spec.egress.domains.allow"),
+  })
+  .strict()
+  .describe('Narrows what the box may reach through the egress gateway (pools in gateway mode)');
 export const CreateBoxRequest = z
   .object({
     sessionId: z.string().min(1).max(1024).describe('Owning session identifier'),
@@ -51,6 +62,7 @@ export const CreateBoxRequest = z
       .max(128)
       .optional()
       .describe("Restore (fork) this snapshot into the new box: its workspace and env; image, cpu and memory default to the snapshot's"),
+    egress: BoxEgressRequest.optional(),
   })
   .strict();
 export type CreateBoxRequest = z.infer<typeof CreateBoxRequest>;
@@ -524,3 +536,28 @@ export function describeIssues(error: z.ZodError): string {
     })
     .join('; ');
 }
+
+// ---- egress (docs/api.md "Egress"; the rules are common/box-egress.ts's) ----
+
+export const SetBoxEgressRequest = z
+  .object({
+    allow: z
+      .array(EgressPattern)
+      .max(256)
+      .nullable()
+      .describe("The box's new allow list, each entry within the pool's; null: the pool's list again"),
+  })
+  .strict();
+export const SetEgressCredentialsRequest = z
+  .record(z.string().min(1).max(253), z.record(z.string().min(1).max(128), z.string()))
+  .describe('Host (exact name) to headers the egress gateway sets on the box\'s requests to it; replaces all earlier ones ({} removes them). Never returned');
+export const BoxEgress = z.object({
+  box_id: z.string(),
+  mode: z.enum(['direct', 'gateway']),
+  box_allow: z.array(z.string()).nullable().describe("The box's own allow list; null: the pool's applies"),
+  allow: z.array(z.string()).describe('What the box may reach (deny wins)'),
+  deny: z.array(z.string()),
+  plain_http: z.array(z.string()),
+  credential_hosts: z.array(z.string()).describe('Hosts with registered credentials (never their values)'),
+});
+export const EgressCredentialsSet = z.object({ box_id: z.string(), credential_hosts: z.array(z.string()), updated_at: z.string() });

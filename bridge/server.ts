@@ -42,6 +42,7 @@ import { BoxLeases } from '../common/box-lease.js';
 import { objectStoreFrom } from '../common/object-store.js';
 import { TerminalService } from './services/terminal.js';
 import { BoxContextService } from './services/box-context.js';
+import { EgressService } from './services/egress.js';
 import { SessionOutputsService } from './services/session-outputs.js';
 import { MemoryMountService } from './services/mounts.js';
 import { mountsClient } from '../common/memory-store.js';
@@ -226,6 +227,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     },
   });
   const boxContext = new BoxContextService({ connector, boxes, records });
+  const egress = new EgressService({ core, call, namespace, policy, boxes, records });
   const sessionOutputs: SessionOutputsService = new SessionOutputsService({ connector, boxes, records, boxd, store, policy, budget, log });
   const memoryMounts: MemoryMountService = new MemoryMountService({ connector, boxes, records, store, policy, client: mountsClient, log });
   if (!store) log.info('no object store configured (OBJECT_STORE_BUCKET): snapshot routes answer 501');
@@ -261,6 +263,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     files,
     snapshots,
     boxContext,
+    egress,
     sessionOutputs,
     memoryMounts,
     cluster,

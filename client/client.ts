@@ -6,6 +6,10 @@ import { ndjsonEvents, openStream, openTerminal, responseBytes, type Terminal } 
 import type {
   ArchiveWritten,
   BoxContext,
+  BoxEgress,
+  EgressCredentials,
+  EgressCredentialsSet,
+  SetBoxEgressRequest,
   BoxCreated,
   BoxDeleted,
   BoxStatus,
@@ -163,6 +167,12 @@ export interface BridgeClient {
   // ---- the platform port's routes (issue 21, docs/platform.md) ----
   /** Counts as activity for idle sleep; runs nothing in the box. */
   keepalive(boxId: string, opts?: CallOptions): Promise<KeepAlive>;
+  /** The box's egress policy and the hosts it has credentials for (never their values). */
+  getEgress(boxId: string, opts?: CallOptions): Promise<BoxEgress>;
+  /** Changes the box's allow list (each entry within the pool's); null: the pool's list again. */
+  setEgress(boxId: string, req: SetBoxEgressRequest, opts?: CallOptions): Promise<BoxEgress>;
+  /** Replaces the headers the egress gateway sets per host for the box ({} removes them); write-only. */
+  setEgressCredentials(boxId: string, credentials: EgressCredentials, opts?: CallOptions): Promise<EgressCredentialsSet>;
   /** Records the box's backup context (labels its later snapshots) and/or outbound context. */
   setContext(boxId: string, req: SetContextRequest, opts?: CallOptions): Promise<BoxContext>;
   /** Fills /mnt/memory/<store_name> from the store's objects (read-only: a read-only mount). */
@@ -372,6 +382,10 @@ export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
     openTerminal: (id, size = { cols: 80, rows: 24 }) => openTerminal(config, `${box(id)}/pty`, size),
 
     keepalive: (id, opts) => call({ operation: 'keepalive', method: 'POST', path: `${box(id)}/keepalive`, expect: 'json' }, opts),
+    getEgress: (id, opts) => get('get egress', `${box(id)}/egress`, opts),
+    setEgress: (id, req, opts) => call({ operation: 'set egress', method: 'PATCH', path: `${box(id)}/egress`, json: req, expect: 'json' }, opts),
+    setEgressCredentials: (id, credentials, opts) =>
+      call({ operation: 'set egress credentials', method: 'PUT', path: `${box(id)}/egress/credentials`, json: credentials, expect: 'json' }, opts),
     setContext: (id, req, opts) => call({ operation: 'set context', method: 'PUT', path: `${box(id)}/context`, json: req, expect: 'json' }, opts),
     mountMemoryStore: (id, req, opts) =>
       call({ operation: 'mount memory store', method: 'POST', path: `${box(id)}/mounts/memory`, json: req, expect: 'json', timeoutMs: SNAPSHOT_TIMEOUT_MS }, opts),

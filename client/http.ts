@@ -85,7 +85,7 @@ export interface CallOptions {
 
 export interface RequestSpec extends CallOptions {
   operation: string;
-  method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  method: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';
   path: string;
   query?: Record<string, string | number | boolean | undefined>;
   /** A JSON body (serialised here), raw text, or raw bytes. */

@@ -48,6 +48,14 @@ export type ErrorBody = z.output<typeof S.ErrorBody>;
 export type BridgeErrorType = ErrorBody['error']['type'];
 export type OpenApiDocument = ReturnType<typeof openApiDocument>;
 
+// ---- egress (docs/api.md "Egress") ----
+/** GET/PATCH /boxes/:id/egress: what the box may reach, and the hosts it has credentials for. */
+export type BoxEgress = z.output<typeof S.BoxEgress>;
+export type SetBoxEgressRequest = z.input<typeof S.SetBoxEgressRequest>;
+/** PUT /boxes/:id/egress/credentials: host -> header name -> value (write-only). */
+export type EgressCredentials = z.input<typeof S.SetEgressCredentialsRequest>;
+export type EgressCredentialsSet = z.output<typeof S.EgressCredentialsSet>;
+
 // ---- issue 21 routes (docs/platform.md) ----
 /** PUT /boxes/:id/context: what the box's snapshots are labelled with, and who its outbound calls are for. */
 export type BackupContext = z.input<typeof S.BackupContext>;

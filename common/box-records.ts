@@ -23,6 +23,8 @@ export interface NewRecord {
   token: string;
   env: Record<string, string>;
   idempotencyKey?: string | undefined;
+  /** More annotations for the record (the box's egress allow list, common/box-egress.ts). */
+  annotations?: Record<string, string>;
 }
 
 /** What a compare-and-swap of a record changes (null removes a label or annotation). */
@@ -54,7 +56,7 @@ export class BoxRecords {
         [LABELS.slot]: String(r.slot),
         ...(r.idempotencyKey ? { [LABELS.idempotencyKey]: r.idempotencyKey } : {}),
       },
-      annotations: { [ANNOTATIONS.sessionId]: r.sessionId },
+      annotations: { ...r.annotations, [ANNOTATIONS.sessionId]: r.sessionId },
     });
     try {
       return await this.call('create box record', () => this.core.createNamespacedSecret({ namespace: this.namespace, body }));

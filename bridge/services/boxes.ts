@@ -10,6 +10,7 @@
 import { createHash } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import { BOXD_NONCE_ANNOTATION, boxdToken, newNonce } from '../../common/boxd.js';
+import { checkBoxAllow } from '../../common/box-egress.js';
 import { buildSessionBoxPod, sessionMetadata, warmShape, warmTemplateHash, type BoxShape, type SessionBox } from '../../common/box-pod.js';
 import { BridgeError } from '../../common/errors.js';
 import { ANNOTATIONS, LABELS, boxName, sessionHash } from '../../common/labels.js';
@@ -105,6 +106,7 @@ export class BoxService {
     const spec = policy.current();
     const image = req.image ?? spec.box.defaultImage;
     checkAllowed(spec, image, req.runtimeClassName, req.serviceAccountName);
+    if (req.egress) checkBoxAllow(req.egress.allow, spec.egress, policy.poolName);
     const shape: BoxShape = { image, ...resources(spec, req), runtimeClassName: req.runtimeClassName, serviceAccountName: req.serviceAccountName };
 
     const hash = sessionHash(req.sessionId);
@@ -140,6 +142,7 @@ export class BoxService {
           token: boxdToken(this.deps.boxdKey, this.deps.namespace, boxId, nonce),
           env: req.env ?? {},
           idempotencyKey: keyDigest,
+          ...(req.egress ? { annotations: { [ANNOTATIONS.egress]: JSON.stringify({ allow: req.egress.allow }) } } : {}),
         });
       let record = await take();
       const failed = record ? undefined : this.deps.sleeping?.get(boxId);
