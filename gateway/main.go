@@ -84,6 +84,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.kube.server, "kube-server", env("EGRESS_KUBE_SERVER", ""), "API server URL, instead of a kubeconfig or the service account (EGRESS_KUBE_SERVER)")
 	fs.StringVar(&c.kube.caFile, "kube-ca-file", env("EGRESS_KUBE_CA_FILE", ""), "with -kube-server: the API server's CA, PEM (EGRESS_KUBE_CA_FILE; default the system roots)")
 	fs.StringVar(&c.kube.tokenFile, "kube-token-file", env("EGRESS_KUBE_TOKEN_FILE", ""), "with -kube-server: a bearer token file, re-read when it changes (EGRESS_KUBE_TOKEN_FILE)")
+	fs.BoolVar(&c.kube.credentials, "kube-credentials", env("EGRESS_KUBE_CREDENTIALS", "true") != "false",
+		"read box credentials from the records' egress-credentials key; false: watch records as metadata only, no credentials (EGRESS_KUBE_CREDENTIALS)")
 	fs.StringVar(&c.kube.namespace, "kube-namespace", env("EGRESS_KUBE_NAMESPACE", ""), "watch box pods and records in this namespace only (EGRESS_KUBE_NAMESPACE; default all: needs a ClusterRole)")
 	fs.StringVar(&c.keyFile, "key-file", env("EGRESS_KEY_FILE", ""), "proxy credential keys, one per line, the first signs (EGRESS_KEY_FILE, required)")
 	fs.StringVar(&c.caCert, "ca-cert", env("EGRESS_CA_CERT", ""), "interception CA certificate, PEM (EGRESS_CA_CERT; without it no interception)")
@@ -198,8 +200,8 @@ func serve(c config) error {
 		}
 		// Not ready (503) until pools, box pods and records are listed; then every watch event
 		// is a new State.
-		src = &source.Kubernetes{Client: client, Namespace: c.kube.namespace, Log: log, OnLoad: m.Reload}
-		log.Info("policy source: kubernetes", "server", kc.Server, "namespace", c.kube.namespace)
+		src = &source.Kubernetes{Client: client, Namespace: c.kube.namespace, Credentials: c.kube.credentials, Log: log, OnLoad: m.Reload}
+		log.Info("policy source: kubernetes", "server", kc.Server, "namespace", c.kube.namespace, "credentials", c.kube.credentials)
 	default:
 		f := &source.File{Path: c.policyFile, Log: log, OnLoad: m.Reload}
 		if err := f.Load(); err != nil {
@@ -258,6 +260,7 @@ type runSource interface {
 
 type kubeFlags struct {
 	kubeconfig, context, server, caFile, tokenFile, namespace string
+	credentials                                               bool
 }
 
 // config: -kube-server (with its CA and token files), else a kubeconfig, else the pod's own

@@ -51,14 +51,18 @@ func TestParseFlagsKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if kc.Server != "https://10.96.0.1:443" || string(kc.CAData) != "PEM" || kc.TokenFile != "/var/run/token" || c.kube.namespace != "sandboxes" {
+	if kc.Server != "https://10.96.0.1:443" || string(kc.CAData) != "PEM" || kc.TokenFile != "/var/run/token" || c.kube.namespace != "sandboxes" || !c.kube.credentials {
 		t.Fatalf("kube config %+v, flags %+v", kc, c.kube)
 	}
 	// Without -kube-server or -kubeconfig: the pod's service account, an error outside a pod.
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("EGRESS_KUBE_CREDENTIALS", "false")
 	c, err = parseFlags([]string{"-source=kubernetes"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c.kube.credentials {
+		t.Fatal("EGRESS_KUBE_CREDENTIALS=false ignored")
 	}
 	if _, err := c.kube.config(); err == nil || !strings.Contains(err.Error(), "not in a cluster") {
 		t.Fatalf("in-cluster outside a cluster: %v", err)

@@ -94,12 +94,25 @@ func IsGone(err error) bool {
 // Get requests path with query; a non-2xx answer is a *StatusError (body read, closed). The
 // caller closes the body of a 2xx answer.
 func (c *Client) Get(ctx context.Context, path string, query url.Values, accept string) (*http.Response, error) {
+	return c.Do(ctx, http.MethodGet, path, query, accept, "", nil)
+}
+
+// Do sends any request (body with contentType, e.g. application/json or
+// application/merge-patch+json); answers as Get.
+func (c *Client) Do(ctx context.Context, method, path string, query url.Values, accept, contentType string, body []byte) (*http.Response, error) {
 	u := *c.base
 	u.Path = strings.TrimSuffix(u.Path, "/") + path
 	u.RawQuery = query.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
 	if err != nil {
 		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	if accept == "" {
 		accept = "application/json"

@@ -102,6 +102,16 @@ func TestReflectorListWatchBookmarkRelist(t *testing.T) {
 		t.Fatalf("OnChange called %d times", changes.Load())
 	}
 
+	// Every event moves the resourceVersion on: a watch that ends resumes after the last event.
+	eventRV := lastRV(api)
+	waitFor(t, "resourceVersion of the last event", func() bool { return r.ResourceVersion() == eventRV })
+	api.CloseWatches()
+	waitFor(t, "re-watch from the last event", func() bool {
+		q := api.Requests()
+		last := q[len(q)-1]
+		return last.Watch && last.ResourceVersion == eventRV
+	})
+
 	// A BOOKMARK moves the resourceVersion on; a watch the server ends resumes from it, no list.
 	api.Bookmark("pods")
 	bookmarkRV := ""

@@ -2,12 +2,15 @@ package source
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,24 +28,27 @@ const (
 	LabelComponent    = "app.kubernetes.io/component"
 	ComponentRecord   = "box-record" // a box's record Secret, named after the box id
 	AnnotationEgress  = "sandbox-bridge.io/egress"
+	CredentialsKey    = "egress-credentials" // the record's data key (common/box-egress.ts)
 	PoolResourcePath  = "/apis/sandbox-bridge.io/v1alpha1/sandboxpools"
 	EgressModeGateway = "gateway"
 )
 
 // Kubernetes is a Source fed by watches on the API server (kube.Reflector: list, then watch from
 // the list's resourceVersion, relist on 410): SandboxPools (cluster-scoped), box pods
-// (sandbox-bridge.io/box=true) and box record Secrets (metadata only: their data never reaches
-// the gateway). Every change builds a new State (swapped atomically), so an edit is in force on
-// every replica as soon as its watch event arrives, typically milliseconds after the write.
+// (sandbox-bridge.io/box=true with a box id) and box record Secrets. Every change builds a new
+// State (swapped atomically), so an edit is in force on every replica as soon as its watch event
+// arrives, typically milliseconds after the write.
 //
-// What it reads:
+// What it reads (docs/egress.md "Where the policy lives"; common/box-egress.ts writes them):
 //   - a pool: spec.namespace, spec.egress.mode (only "gateway" pools are served: a direct-mode
 //     pool's boxes are unknown to the gateway, 407) and spec.egress.domains.{allow,deny,plainHttp};
 //   - a pod: the box id and pool labels, status.podIP; only pods in their pool's namespace,
 //     not finished, not on the host network; two pods claiming one IP are both left out;
-//   - a record Secret's sandbox-bridge.io/egress annotation, JSON {"allow": [...], "deny": [...]}:
-//     the box's narrowing (absent: the pool's policy). Credentials are not read from the cluster
-//     yet (Credentials stays empty; see the README).
+//   - a record's sandbox-bridge.io/egress annotation, JSON {"allow": [...], "deny": [...]}: the
+//     box's narrowing (absent, or no "allow": the pool's list);
+//   - with Credentials, the record's data key egress-credentials, JSON {host: {header: value}}.
+//     Without it the records are watched as metadata only (PartialObjectMetadata): no Secret
+//     data ever reaches the gateway, and boxes have no credentials (a resolver may supply them).
 //
 // Until pools, pods and records have each been listed once, Current is nil (not ready, 503).
 // When the API server goes away the last State stays in force while the watches retry.
@@ -51,7 +57,10 @@ type Kubernetes struct {
 	// Namespace limits the pod and Secret watches to one namespace (a Role there suffices);
 	// "" watches all namespaces (a ClusterRole).
 	Namespace string
-	Log       *slog.Logger
+	// Credentials: read each record's egress-credentials data key (the whole Secret is then
+	// watched; only that key and the annotation are kept).
+	Credentials bool
+	Log         *slog.Logger
 	// OnLoad, when set, is called after every State built (ok true) or refused (never: a bad
 	// object is left out, not the whole State).
 	OnLoad func(ok bool)
@@ -99,9 +108,12 @@ func (k *Kubernetes) setup() {
 		Query: url.Values{"labelSelector": {LabelBox + "=true," + LabelBoxID}},
 	}
 	k.records = &kube.Reflector[kubeRecord]{
-		Client: k.Client, Path: "/api/v1" + ns + "/secrets", Decode: decodeRecord, OnChange: mark, Log: k.Log,
+		Client: k.Client, Path: "/api/v1" + ns + "/secrets", OnChange: mark, Log: k.Log,
 		Query:  url.Values{"labelSelector": {LabelBox + "=true," + LabelComponent + "=" + ComponentRecord}},
-		Accept: kube.MetadataListAccept, WatchAccept: kube.MetadataWatchAccept,
+		Decode: func(raw json.RawMessage) (kubeRecord, bool, error) { return decodeRecord(raw, k.Credentials) },
+	}
+	if !k.Credentials {
+		k.records.Accept, k.records.WatchAccept = kube.MetadataListAccept, kube.MetadataWatchAccept
 	}
 }
 
@@ -173,12 +185,14 @@ type kubePod struct {
 	Created                      string
 }
 
-// kubeRecord is what it keeps of a box's record Secret: the narrowing, if any.
+// kubeRecord is what it keeps of a box's record Secret: the narrowing and credentials, if any.
 type kubeRecord struct {
-	Set   bool // the annotation is present
-	Allow []string
-	Deny  []string
-	Err   string // the annotation does not parse: the box gets no allowance (fail closed)
+	Set         bool // the annotation is present
+	Allow       []string
+	Deny        []string
+	Err         string // the annotation does not parse: the box gets no allowance (fail closed)
+	Credentials map[string]map[string]string
+	CredErr     string // what is wrong with the credentials (never a value)
 }
 
 func decodePool(raw json.RawMessage) (kubePool, bool, error) {
@@ -244,34 +258,83 @@ func decodePod(raw json.RawMessage) (kubePod, bool, error) {
 	}, true, nil
 }
 
-func decodeRecord(raw json.RawMessage) (kubeRecord, bool, error) {
+func decodeRecord(raw json.RawMessage, withCredentials bool) (kubeRecord, bool, error) {
 	var o struct {
 		Metadata struct {
 			Annotations map[string]string `json:"annotations"`
 		} `json:"metadata"`
+		Data map[string]string `json:"data"` // base64
 	}
 	if err := json.Unmarshal(raw, &o); err != nil {
-		return kubeRecord{}, false, err
+		// Fail closed (the box allows nothing), and no detail: it could quote data.
+		return kubeRecord{Set: true, Allow: []string{}, Err: "the record does not parse"}, true, nil
 	}
-	a, ok := o.Metadata.Annotations[AnnotationEgress]
-	if !ok {
-		return kubeRecord{}, false, nil // nothing to keep: the pool's policy applies
-	}
-	var e struct {
-		Allow *[]string `json:"allow"`
-		Deny  []string  `json:"deny"`
-	}
-	if err := json.Unmarshal([]byte(a), &e); err != nil {
-		return kubeRecord{Set: true, Allow: []string{}, Err: err.Error()}, true, nil
-	}
-	r := kubeRecord{Set: true, Deny: e.Deny}
-	if e.Allow != nil {
-		r.Allow = *e.Allow
-		if r.Allow == nil {
-			r.Allow = []string{}
+	var r kubeRecord
+	if a, ok := o.Metadata.Annotations[AnnotationEgress]; ok {
+		r.Set = true
+		var e struct {
+			Allow *[]string `json:"allow"`
+			Deny  []string  `json:"deny"`
+		}
+		if err := json.Unmarshal([]byte(a), &e); err != nil {
+			r.Allow, r.Err = []string{}, err.Error()
+		} else {
+			r.Deny = e.Deny
+			if e.Allow != nil {
+				r.Allow = *e.Allow
+				if r.Allow == nil {
+					r.Allow = []string{}
+				}
+			}
 		}
 	}
+	if withCredentials {
+		if v, ok := o.Data[CredentialsKey]; ok {
+			if b, err := base64.StdEncoding.DecodeString(v); err != nil {
+				r.CredErr = "egress-credentials is not base64"
+			} else {
+				r.Credentials, r.CredErr = parseCredentials(b)
+			}
+		}
+	}
+	if !r.Set && r.Credentials == nil && r.CredErr == "" {
+		return kubeRecord{}, false, nil // nothing to keep: the pool's policy, no credentials
+	}
 	return r, true, nil
+}
+
+// parseCredentials reads {host: {header: value}} with the File format's rules (exact hosts,
+// no framing or hop-by-hop headers, no control characters). A host with a bad entry gets no
+// credentials at all; the problem is named without any value.
+func parseCredentials(b []byte) (map[string]map[string]string, string) {
+	var doc map[string]map[string]string
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return nil, "egress-credentials is not a JSON object of hosts to headers"
+	}
+	out := make(map[string]map[string]string, len(doc))
+	var problems []string
+	for host, headers := range doc {
+		h, ok := policy.Normalize(host)
+		if !ok {
+			problems = append(problems, fmt.Sprintf("host %q is not a host name", host))
+			continue
+		}
+		canon := make(map[string]string, len(headers))
+		good := true
+		for name, v := range headers {
+			if !validHeader(name, v) {
+				problems = append(problems, fmt.Sprintf("host %q: header %q is not a credential header or its value has control characters", h, name))
+				good = false
+				break
+			}
+			canon[http.CanonicalHeaderKey(name)] = v
+		}
+		if good && len(canon) > 0 {
+			out[h] = canon
+		}
+	}
+	sort.Strings(problems)
+	return out, strings.Join(problems, "; ")
 }
 
 // buildState makes the State the proxy reads. Nothing here refuses the whole State (unlike
@@ -341,6 +404,12 @@ func buildState(pools map[string]kubePool, pods []kubePod, records map[string]ku
 			}
 			if out := policy.Outside(b.Allow, s.Pools[p.Pool].Allow); len(out) > 0 {
 				warnings = append(warnings, fmt.Sprintf("box %q: allow entries %q are outside pool %q's allow list and allow nothing", p.BoxID, out, p.Pool))
+			}
+		}
+		if r, ok := records[p.Namespace+"/"+p.BoxID]; ok {
+			b.Credentials = r.Credentials
+			if r.CredErr != "" {
+				warnings = append(warnings, fmt.Sprintf("box %q: credentials left out: %s", p.BoxID, r.CredErr))
 			}
 		}
 		s.Boxes[p.BoxID] = b

@@ -2,8 +2,12 @@ package source
 
 import (
 	"context"
+	"encoding/base64"
+	"io"
+	"log/slog"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -188,4 +192,71 @@ func waitForLong(t *testing.T, d time.Duration, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// With Credentials, the record's egress-credentials data key gives the box its headers per
+// host (normalized like the file's), a change is in force within 1 s, and a bad entry is left
+// out with a warning that names the host and header, never the value.
+func TestKubernetesSourceCredentials(t *testing.T) {
+	api := kubetest.New(t)
+	api.Put("sandboxpools", sbPool("p1", "sb", "gateway", []string{"api.test", "*.example.test"}, nil))
+	api.Put("pods", boxPod("sb", "box-a", "box-a", "p1", "10.0.0.1"))
+	rec := func(creds string) map[string]any {
+		r := record("sb", "box-a", "")
+		r["data"].(map[string]any)[CredentialsKey] = base64.StdEncoding.EncodeToString([]byte(creds))
+		return r
+	}
+	api.Put("secrets", rec(`{"API.test.": {"authorization": "Bearer s3cret"},
+		"www.example.test": {"Host": "evil.test", "X-Key": "k3y-value"}}`))
+	c, _ := kube.NewClient(&kube.Config{Server: api.URL})
+	var logs strings.Builder
+	var mu sync.Mutex
+	k := &Kubernetes{Client: c, Credentials: true, Log: slog.New(slog.NewJSONHandler(lockedWriter{&mu, &logs}, nil))}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go k.Run(ctx)
+	waitFor(t, func() bool { return k.Current() != nil })
+	b := k.Current().Boxes["box-a"]
+	if b == nil || b.Headers("api.test")["Authorization"] != "Bearer s3cret" {
+		t.Fatalf("credentials for api.test not read")
+	}
+	if b.Headers("www.example.test") != nil {
+		t.Fatal("a host with a framing header kept credentials")
+	}
+	if b.Allow != nil {
+		t.Fatal("no egress annotation, but a narrowing")
+	}
+	for _, q := range api.Requests() {
+		if q.Resource == "secrets" && strings.Contains(q.Accept, "PartialObjectMetadata") {
+			t.Fatal("credentials need the Secret's data, but it was asked for as metadata only")
+		}
+	}
+	api.Put("secrets", rec(`{"api.test": {"Authorization": "Bearer rotated"}}`))
+	waitFor(t, func() bool {
+		return k.Current().Boxes["box-a"].Headers("api.test")["Authorization"] == "Bearer rotated"
+	})
+	api.Put("secrets", rec(`not json s3cret`))
+	waitFor(t, func() bool { return k.Current().Boxes["box-a"].Headers("api.test") == nil })
+	mu.Lock()
+	out := logs.String()
+	mu.Unlock()
+	if !strings.Contains(out, `header \"Host\"`) || !strings.Contains(out, "not a JSON object") {
+		t.Fatalf("warnings missing: %s", out)
+	}
+	for _, secret := range []string{"s3cret", "k3y-value", "rotated", "evil.test"} {
+		if strings.Contains(out, secret) {
+			t.Fatalf("the log holds a credential value %q: %s", secret, out)
+		}
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
