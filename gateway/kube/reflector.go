@@ -61,6 +61,10 @@ type Reflector[T any] struct {
 	Accept, WatchAccept string
 	// Decode turns one object into the value kept; keep false drops it (and deletes its key).
 	Decode func(raw json.RawMessage) (v T, keep bool, err error)
+	// Equal, when set, says two decoded values are the same: an event that changes nothing the
+	// caller keeps (a pod's activity annotation, its status conditions) then only moves the
+	// resourceVersion on, and OnChange is not called.
+	Equal func(a, b T) bool
 	// OnChange is called after the store changed (a list, or an event that changed it), outside
 	// the store's lock.
 	OnChange func()
@@ -385,7 +389,8 @@ func (r *Reflector[T]) watch(ctx context.Context) (progressed bool, err error) {
 			}
 			key := m.Key()
 			r.mu.Lock()
-			_, had := r.items[key]
+			old, had := r.items[key]
+			same := keep && had && r.Equal != nil && r.Equal(old, v)
 			if keep {
 				r.items[key] = v
 			} else {
@@ -393,7 +398,7 @@ func (r *Reflector[T]) watch(ctx context.Context) (progressed bool, err error) {
 			}
 			r.rv = m.ResourceVersion
 			r.mu.Unlock()
-			if keep || had {
+			if (keep || had) && !same {
 				r.changed()
 			}
 		default:

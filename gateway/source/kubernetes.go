@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -102,15 +103,20 @@ func (k *Kubernetes) setup() {
 	if k.Namespace != "" {
 		ns = "/namespaces/" + url.PathEscape(k.Namespace)
 	}
-	k.pools = &kube.Reflector[kubePool]{Client: k.Client, Path: PoolResourcePath, Decode: decodePool, OnChange: mark, Log: k.Log}
+	// Equal: most events change nothing the gateway keeps (the bridge writes a box pod's
+	// activity annotation every few seconds, the operator a pool's status); they build no State.
+	k.pools = &kube.Reflector[kubePool]{Client: k.Client, Path: PoolResourcePath, Decode: decodePool, OnChange: mark, Log: k.Log,
+		Equal: func(a, b kubePool) bool { return reflect.DeepEqual(a, b) }}
 	k.pods = &kube.Reflector[kubePod]{
 		Client: k.Client, Path: "/api/v1" + ns + "/pods", Decode: decodePod, OnChange: mark, Log: k.Log,
+		Equal: func(a, b kubePod) bool { return a == b },
 		Query: url.Values{"labelSelector": {LabelBox + "=true," + LabelBoxID}},
 	}
 	k.records = &kube.Reflector[kubeRecord]{
 		Client: k.Client, Path: "/api/v1" + ns + "/secrets", OnChange: mark, Log: k.Log,
 		Query:  url.Values{"labelSelector": {LabelBox + "=true," + LabelComponent + "=" + ComponentRecord}},
 		Decode: func(raw json.RawMessage) (kubeRecord, bool, error) { return decodeRecord(raw, k.Credentials) },
+		Equal:  func(a, b kubeRecord) bool { return reflect.DeepEqual(a, b) },
 	}
 	if !k.Credentials {
 		k.records.Accept, k.records.WatchAccept = kube.MetadataListAccept, kube.MetadataWatchAccept

@@ -129,6 +129,20 @@ func TestKubernetesSource(t *testing.T) {
 		}
 	}
 
+	// An event that changes nothing the gateway keeps (the bridge's activity annotation) builds
+	// no State; the next real change does.
+	builds := k.Builds()
+	busy := boxPod("sb", "box-a", "box-a", "p1", "10.0.0.1")
+	busy["metadata"].(map[string]any)["annotations"] = map[string]any{"sandbox-bridge.io/last-active": "2026-11-25T03:10:00Z"}
+	api.Put("pods", busy)
+	api.Put("pods", boxPod("sb", "box-z", "box-z", "p1", "10.0.0.99"))
+	waitFor(t, func() bool { return k.Current().Boxes["box-z"] != nil })
+	if n := k.Builds() - builds; n != 1 {
+		t.Fatalf("%d States built for an annotation change and a new box, want 1", n)
+	}
+	api.Delete("pods", "sb", "box-z")
+	waitFor(t, func() bool { return k.Current().Boxes["box-z"] == nil })
+
 	// Changes through the watch are in force within 1 s (waitFor's bound).
 	api.Put("sandboxpools", sbPool("p1", "sb", "gateway", []string{"*.example.test", "api.test", "pypi.test"}, []string{"bad.example.test", "api.test"}))
 	waitFor(t, func() bool { return decide(k.Current(), "10.0.0.1", "api.test") == "pool.deny:api.test" })
