@@ -220,14 +220,18 @@ func TestClusterSource(t *testing.T) {
 	}
 	// A runtime change of the box's narrowing (what PATCH /boxes/:id/egress writes) and of the
 	// pool (kubectl edit sbp): each in force within 1 s.
+	start := time.Now()
 	k.must("PATCH", "/api/v1/namespaces/"+ns+"/secrets/box-c1",
 		map[string]any{"metadata": map[string]any{"annotations": map[string]any{AnnotationEgress: `{"allow":["www.example.test"]}`}}})
 	waitFor(t, func() bool { return decide(src.Current(), ip.String(), "www.example.test") == "allow" })
+	t.Logf("record PATCH sent to in force: %v", time.Since(start))
+	start = time.Now()
 	k.must("PATCH", PoolResourcePath+"/"+pool,
 		map[string]any{"spec": map[string]any{"egress": map[string]any{"domains": map[string]any{"deny": []any{"www.example.test"}}}}})
 	waitFor(t, func() bool {
 		return decide(src.Current(), ip.String(), "www.example.test") == "pool.deny:www.example.test"
 	})
+	t.Logf("pool PATCH sent to in force: %v", time.Since(start))
 	k.must("DELETE", "/api/v1/namespaces/"+ns+"/pods/box-c1", map[string]any{"gracePeriodSeconds": 0})
 	waitForLong(t, 10*time.Second, func() bool { return src.Current().BoxAt(ip) == "" })
 }
