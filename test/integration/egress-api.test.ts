@@ -3,8 +3,9 @@
 // CRD takes the new fields), a create whose allow list leaves the pool's refused naming the
 // entries, PATCH on the record where the gateway reads it, credentials written to the record's
 // data key and nowhere else: not in any answer, the bridge's log, the pod spec; a read-only token
-// may read the policy but not change it. On the real node with the object store: a box's env,
-// and the snapshot taken of it (every byte in the store, the sealed env opened), hold no credential.
+// may read the policy but not change it. On the real node with the object store and idle sleep:
+// the box's env and its snapshots, API and sleep (every byte in the store, the sealed env opened),
+// hold no credential; the egress routes leave a sleeping box asleep; the policy outlives the sleep.
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -12,10 +13,11 @@ import { dirname, join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { EGRESS_CREDENTIALS_KEY } from '../../common/box-egress.js';
 import { EnvSealer } from '../../common/env-seal.js';
-import { ANNOTATIONS } from '../../common/labels.js';
+import { ANNOTATIONS, LABELS } from '../../common/labels.js';
 import { ON_REAL_NODE, ON_SIMULATED_NODES, api, spawnBridge } from '../support/bridge.js';
 import { createTestNamespace, deleteTestNamespace, realNodeAvailable, testKubeConfig, waitFor } from '../support/cluster.js';
 import { Pools, installCrd } from '../support/operator.js';
+import { boxPods, record, startLifecycle, until, type LifecycleEnv } from '../support/lifecycle.js';
 import { localObjectStore } from '../support/object-store.js';
 
 const kc = testKubeConfig();
@@ -24,7 +26,7 @@ const pools = new Pools(kc, `egress-${randomBytes(3).toString('hex')}`);
 const realNode = await realNodeAvailable(kc);
 const store = await localObjectStore();
 const skipReal = !realNode.available ? `no real node: ${realNode.reason}` : !store.available ? `no object store: ${store.reason}` : undefined;
-if (skipReal) console.warn(`SKIPPED the egress credentials snapshot test: ${skipReal}`);
+if (skipReal) console.warn(`SKIPPED the egress test on the real node (snapshots, sleep): ${skipReal}`);
 const onReal = skipReal ? test.skip : test;
 
 const POOL_DOMAINS = { allow: ['*.github.com', 'pypi.org', '*.pythonhosted.org'], deny: ['gist.github.com'] };
@@ -175,46 +177,23 @@ describe('on simulated nodes', () => {
   }, 90_000);
 });
 
-describe('on the real node, with the object store', () => {
-  let namespace = '';
-  let poolName = '';
-  let bridge: Awaited<ReturnType<typeof spawnBridge>> | undefined;
-  const storeEnv = store.available ? store.env : {};
+describe('on the real node, with the object store and idle sleep', () => {
+  let env: LifecycleEnv | undefined;
 
   beforeAll(async () => {
     if (skipReal) return;
-    namespace = await createTestNamespace(kc, 'egress-real', { 'pod-security.kubernetes.io/enforce': 'restricted' });
-    await installCrd(kc);
-    poolName = `pool-${namespace}`;
-    await pools.create(poolName, { namespace, box: ON_REAL_NODE.box!, egress: { mode: 'gateway', domains: { allow: ['*'] } } });
-    bridge = await spawnBridge({ POOL_NAME: poolName, SANDBOX_NAMESPACE: namespace, ...storeEnv });
-  }, 60_000);
+    env = await startLifecycle({
+      name: 'egress',
+      pool: { box: ON_REAL_NODE.box, idle: { sleepAfterSeconds: 4 }, egress: { mode: 'gateway', domains: { allow: ['*.example.test'] } } },
+    });
+  }, 120_000);
 
   afterAll(async () => {
-    await bridge?.stop();
-    if (skipReal) return;
-    await pools.delete(poolName).catch(() => undefined);
-    await deleteTestNamespace(kc, namespace);
-  });
+    await env?.stop();
+  }, 60_000);
 
-  onReal("neither the box's env nor its snapshot (every byte in the store, the sealed env opened) holds a credential", async () => {
-    const call = api(bridge!);
-    const value = secret();
-    const created = await call('POST', '/boxes', { sessionId: 'egress-snap', cpu: 0.25, memory: 128, env: { PLAIN: 'visible' } });
-    expect(created.status).toBe(201);
-    const box: string = created.json.box_id;
-    await waitFor('the box to run', async () => ((await call('GET', `/boxes/${box}/status`)).json.status === 'Running' ? true : undefined), { timeoutMs: 90_000 });
-    expect((await call('PUT', `/boxes/${box}/egress/credentials`, { 'api.example.test': { Authorization: value } })).status).toBe(200);
-    // Set after the credentials: the record's env and its credentials are written side by side.
-    expect((await call('POST', `/boxes/${box}/env`, { envVars: { LATER: 'also-visible' } })).status).toBe(200);
-    expect((await call('GET', `/boxes/${box}/egress`)).json.credential_hosts).toEqual(['api.example.test']);
-
-    const env = await call('POST', `/boxes/${box}/exec`, { command: 'env; cat /proc/1/environ | tr "\\0" "\\n"; ls -la /var/run 2>/dev/null' });
-    expect(env.json.stdout).toContain('LATER=also-visible');
-    expect(env.text).not.toContain(value.slice(7));
-
-    const taken = await call('POST', `/boxes/${box}/snapshots`, {});
-    expect(taken.status).toBe(201);
+  /** Every byte the store keeps under the test's prefix (versitygw's POSIX directory). */
+  const storeFiles = () => {
     const dataDir = join(dirname(process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG!), 'object-store/data');
     const files: string[] = [];
     const walk = (d: string) => {
@@ -224,13 +203,55 @@ describe('on the real node, with the object store', () => {
         else files.push(path);
       }
     };
-    walk(join(dataDir, storeEnv.OBJECT_STORE_BUCKET!, storeEnv.OBJECT_STORE_PREFIX!));
-    expect(files.length).toBeGreaterThanOrEqual(2);
+    walk(join(dataDir, env!.storeEnv.OBJECT_STORE_BUCKET!, env!.storeEnv.OBJECT_STORE_PREFIX!));
+    return files;
+  };
+  const sealedEnv = (snapshotId: string) => {
+    const metadata = storeFiles().find((f) => f.includes(snapshotId) && f.endsWith('snapshot.json'))!;
+    return new EnvSealer([env!.storeEnv.SNAPSHOT_ENCRYPTION_KEY!]).open(JSON.parse(readFileSync(metadata, 'utf8')).env, snapshotId);
+  };
+
+  onReal("no credential in the box's env or any snapshot (API or sleep); egress writes never wake a sleeping box, and the policy outlives the sleep", async () => {
+    const call = api(env!.bridges[0]!);
+    const value = secret();
+    const created = await call('POST', '/boxes', { sessionId: 'egress-snap', cpu: 0.25, memory: 128, env: { PLAIN: 'visible' }, egress: { allow: ['api.example.test'] } });
+    expect(created.status).toBe(201);
+    const box: string = created.json.box_id;
+    await until('the box to run', async () => ((await call('GET', `/boxes/${box}/status`)).json.status === 'Running' ? true : undefined));
+    expect((await call('PUT', `/boxes/${box}/egress/credentials`, { 'api.example.test': { Authorization: value } })).status).toBe(200);
+    // Set after the credentials: the record's env and its credentials are written side by side.
+    expect((await call('POST', `/boxes/${box}/env`, { envVars: { LATER: 'also-visible' } })).status).toBe(200);
+    const inBox = await call('POST', `/boxes/${box}/exec`, { command: 'env; tr "\\0" "\\n" < /proc/1/environ' });
+    expect(inBox.json.stdout).toContain('LATER=also-visible');
+    expect(inBox.text).not.toContain(value.slice(7));
+    const taken = await call('POST', `/boxes/${box}/snapshots`, {});
+    expect(taken.status).toBe(201);
+    expect(sealedEnv(taken.json.snapshot_id)).toEqual({ PLAIN: 'visible', LATER: 'also-visible' });
+
+    // Idle: it sleeps, with a snapshot of its own.
+    const asleep = await until('the box to sleep', async () => {
+      const s = await call('GET', `/boxes/${box}/status`);
+      return s.json?.status === 'Sleeping' ? s.json : undefined;
+    });
+    expect(sealedEnv(asleep.snapshot_id)).toEqual({ PLAIN: 'visible', LATER: 'also-visible' });
+    const files = storeFiles();
+    expect(files.length).toBeGreaterThanOrEqual(4);
     for (const file of files) expect({ file, clear: readFileSync(file).includes(value.slice(7)) }).toEqual({ file, clear: false });
-    const metadata = files.find((f) => f.includes(taken.json.snapshot_id) && f.endsWith('snapshot.json'))!;
-    const sealed = JSON.parse(readFileSync(metadata, 'utf8')).env;
-    const opened = new EnvSealer([storeEnv.SNAPSHOT_ENCRYPTION_KEY!]).open(sealed, taken.json.snapshot_id);
-    expect(opened).toEqual({ PLAIN: 'visible', LATER: 'also-visible' });
+
+    // Asleep: the egress routes work on the record alone and leave it asleep.
+    expect((await call('PATCH', `/boxes/${box}/egress`, { allow: ['*.example.test'] })).status).toBe(200);
+    expect((await call('PUT', `/boxes/${box}/egress/credentials`, { 'api.example.test': { Authorization: value }, 'b.example.test': { 'X-Key': value } })).status).toBe(200);
+    expect((await call('GET', `/boxes/${box}/egress`)).json).toMatchObject({ box_allow: ['*.example.test'], credential_hosts: ['api.example.test', 'b.example.test'] });
+    expect((await call('GET', `/boxes/${box}/status`)).json.status).toBe('Sleeping');
+    // No pod made for it (the slept one may still be terminating).
+    expect((await boxPods(env!.pool.ns, box)).filter((p) => !p.metadata?.deletionTimestamp)).toEqual([]);
+    expect((await record(env!.pool.ns, box))?.metadata?.labels?.[LABELS.sleep]).toBe('asleep');
+
+    // Woken by a command: the policy is still there, and the credentials are still not in the box.
+    const woken = await call('POST', `/boxes/${box}/exec`, { command: 'env; tr "\\0" "\\n" < /proc/1/environ' });
+    expect(woken.json.stdout).toContain('LATER=also-visible');
+    expect(woken.text).not.toContain(value.slice(7));
+    expect((await call('GET', `/boxes/${box}/egress`)).json).toMatchObject({ box_allow: ['*.example.test'], credential_hosts: ['api.example.test', 'b.example.test'] });
     expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
   }, 240_000);
 });
