@@ -162,7 +162,13 @@ func printCredential(args []string) error {
 }
 
 func serve(c config) error {
-	log := slog.New(slog.NewJSONHandler(os.Stdout, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return run(ctx, c, slog.New(slog.NewJSONHandler(os.Stdout, nil)))
+}
+
+// run serves until ctx ends (SIGTERM, SIGINT; a test's cancel).
+func run(ctx context.Context, c config, log *slog.Logger) error {
 	keys, err := identity.LoadKeys(c.keyFile)
 	if err != nil {
 		return err
@@ -219,8 +225,6 @@ func serve(c config) error {
 		IdleTimeout: c.idle, HelloTimeout: c.hello, DialTimeout: c.dial, MaxConnsPerBox: c.maxConnsPerBox,
 	})
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	go src.Run(ctx)
 	go p.Run(ctx) // close open tunnels a policy change no longer allows
 
