@@ -195,3 +195,26 @@ func TestReflectorBackoffGrows(t *testing.T) {
 		t.Fatalf("6 failed lists retried within %v: no backoff", el)
 	}
 }
+
+// A continue token that expires mid-list (410) starts the list over, from its first page.
+func TestReflectorContinueExpired(t *testing.T) {
+	api := kubetest.New(t)
+	for i := range 3 {
+		api.Put("pods", pod(fmt.Sprintf("box-%d", i), boxLabel))
+	}
+	api.ExpireNextContinue()
+	r, _ := newReflector(t, api)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx)
+	waitFor(t, "list", r.Synced)
+	firstPages := 0
+	for _, q := range api.Requests() {
+		if !q.Watch && q.Continue == "" {
+			firstPages++
+		}
+	}
+	if firstPages != 2 || len(items(r)) != 3 || r.Lists.Load() != 1 {
+		t.Fatalf("first pages %d (want 2), items %v, lists %d", firstPages, items(r), r.Lists.Load())
+	}
+}

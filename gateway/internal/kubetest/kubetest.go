@@ -36,6 +36,7 @@ type Server struct {
 	gone410AsEvent bool
 	requests       []Request
 	closeWatches   chan struct{}
+	expireCont     bool // the next continue token is 410
 }
 
 type event struct {
@@ -148,6 +149,14 @@ func (s *Server) FailNext(resource string, codes ...int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.fail[resource] = append(s.fail[resource], codes...)
+}
+
+// ExpireNextContinue makes the next list page asked for with a continue token 410 Expired, as
+// when the snapshot it continues was compacted.
+func (s *Server) ExpireNextContinue() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expireCont = true
 }
 
 // CloseWatches ends every open watch (as a server timeout or a lost connection would).
@@ -267,6 +276,12 @@ func (s *Server) list(w http.ResponseWriter, res, ns string, req Request, partia
 	sort.Strings(keys)
 	start := 0
 	listRV := strconv.FormatInt(s.rv, 10)
+	if req.Continue != "" && s.expireCont {
+		s.expireCont = false
+		s.mu.Unlock()
+		writeStatus(w, 410, "Expired")
+		return
+	}
 	if req.Continue != "" {
 		// The token is "offset:rv": the page continues the snapshot at rv (as an approximation,
 		// the current objects after offset; an expired token is 410).
