@@ -80,7 +80,7 @@ test("the chart's values seed the default pool with POOL_DEFAULTS", () => {
     'idle.sleepAfterSeconds': (pool.idle as Record<string, unknown>).sleepAfterSeconds,
   };
   // The chart leaves these to the CRD's defaults, or (the bridge) sets them from the release.
-  const notSeeded = ['box.workspaceSizeLimit', 'box.tmpSizeLimit', 'box.memoryStores.sizeLimit', 'bridge.namespace', 'bridge.podLabels', 'bridge.operatorPodLabels'];
+  const notSeeded = ['egress.gateway.namespace', 'egress.gateway.podLabels', 'egress.gateway.port', 'box.workspaceSizeLimit', 'box.tmpSizeLimit', 'box.memoryStores.sizeLimit', 'bridge.namespace', 'bridge.podLabels', 'bridge.operatorPodLabels'];
   expect([...Object.keys(seeded), ...notSeeded].sort()).toEqual([...defaults.keys()].sort());
   for (const [path, value] of Object.entries(seeded)) expect({ path, value }).toEqual({ path, value: defaults.get(path) });
   const template = readFileSync(join(CHART, 'templates/sandboxpool.yaml'), 'utf8');

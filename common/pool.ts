@@ -47,13 +47,23 @@ export interface EgressPolicy {
   dns: DnsPeers;
   /**
    * direct: boxes connect out themselves, bounded by the CIDR lists above. gateway: through the
-   * egress gateway (docs/egress.md), which decides by domain and injects credentials. Default
+   * egress gateway (docs/egress.md), which decides by domain and injects credentials; the box
+   * NetworkPolicy allows only the gateway's pods and DNS (the CIDR lists do not apply). Default
    * direct: a gateway is a component to run (and a CA to trust), and pools made before it existed
    * must keep working unchanged.
    */
   mode: EgressMode;
   /** Gateway mode: the domains boxes may reach (patterns as gateway/policy's: name, *.name, *, IP). */
   domains: EgressDomains;
+  /** Gateway mode: the gateway's pods, the only destination (besides DNS) the box NetworkPolicy allows. */
+  gateway: GatewayPeers;
+}
+
+/** Where the egress gateway's pods run and the port they proxy on (the chart's gateway Deployment). */
+export interface GatewayPeers {
+  namespace: string;
+  podLabels: Record<string, string>;
+  port: number;
 }
 
 export type EgressMode = 'direct' | 'gateway';
@@ -235,6 +245,11 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
     dns: { namespace: 'kube-system', podLabels: { 'k8s-app': 'kube-dns' }, cidrs: ['169.254.20.10/32'] },
     mode: 'direct',
     domains: { allow: [], deny: [], plainHttp: [] },
+    gateway: {
+      namespace: 'sandbox-bridge',
+      podLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'egress-gateway' },
+      port: 3128,
+    },
   },
   bridge: {
     namespace: 'sandbox-bridge',
@@ -251,7 +266,7 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
 /** A spec with every field the CRD defaults filled in. */
 export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge' | 'snapshots' | 'warm' | 'idle' | 'box'>> & {
   namespace: string;
-  egress?: Partial<Omit<EgressPolicy, 'dns' | 'domains'>> & { dns?: Partial<DnsPeers>; domains?: Partial<EgressDomains> };
+  egress?: Partial<Omit<EgressPolicy, 'dns' | 'domains' | 'gateway'>> & { dns?: Partial<DnsPeers>; domains?: Partial<EgressDomains>; gateway?: Partial<GatewayPeers> };
   bridge?: Partial<BridgePeers>;
   snapshots?: Partial<SnapshotPolicy>;
   warm?: Partial<WarmPolicy>;
@@ -269,6 +284,7 @@ export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
       ...spec.egress,
       dns: { ...POOL_DEFAULTS.egress.dns, ...spec.egress?.dns },
       domains: { ...POOL_DEFAULTS.egress.domains, ...spec.egress?.domains },
+      gateway: { ...POOL_DEFAULTS.egress.gateway, ...spec.egress?.gateway },
     },
     bridge: { ...POOL_DEFAULTS.bridge, ...spec.bridge },
     snapshots: { ...POOL_DEFAULTS.snapshots, ...spec.snapshots },

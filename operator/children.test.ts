@@ -140,6 +140,27 @@ test('with nothing allowed, only DNS egress remains (never an empty `to`, which 
   expect((np.spec as { egress: unknown[] }).egress).toHaveLength(1);
 });
 
+test('gateway mode: egress only to DNS and the gateway pods on the proxy port; no CIDR rule whatever the lists say', () => {
+  const np = desiredNetworkPolicy(
+    pool({
+      egress: { ...POOL_DEFAULTS.egress, mode: 'gateway', allowedCIDRs: ['0.0.0.0/0', '::/0'], gateway: { namespace: 'gw', podLabels: { app: 'gateway' }, port: 3129 } },
+    }),
+  );
+  const egress = (np.spec as k8s.V1NetworkPolicySpec).egress!;
+  expect(egress).toHaveLength(2);
+  expect(egress[0]!.ports).toEqual([
+    { protocol: 'UDP', port: 53 },
+    { protocol: 'TCP', port: 53 },
+  ]);
+  expect(egress[1]).toEqual({
+    to: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'gw' } }, podSelector: { matchLabels: { app: 'gateway' } } }],
+    ports: [{ protocol: 'TCP', port: 3129 }],
+  });
+  expect(JSON.stringify(egress)).not.toContain('ipBlock":{"cidr":"0.0.0.0/0');
+  // Direct mode (the default) keeps the CIDR rule and has no gateway rule.
+  expect(JSON.stringify((desiredNetworkPolicy(pool()).spec as k8s.V1NetworkPolicySpec).egress)).not.toContain('3128');
+});
+
 test('the applied hash changes with the desired content', () => {
   const a = desiredResourceQuota(pool({ quota: { cpu: '8' } })).metadata.annotations?.[APPLIED_HASH_ANNOTATION];
   const b = desiredResourceQuota(pool()).metadata.annotations?.[APPLIED_HASH_ANNOTATION];

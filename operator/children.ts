@@ -105,7 +105,7 @@ const NAMESPACE_NAME_LABEL = 'kubernetes.io/metadata.name';
 /**
  * Every pod in the (dedicated) sandbox namespace. Ingress: only the bridge and operator pods,
  * only to boxd's port (and the memory-store sidecar's, when the pool has memory stores). Egress: cluster DNS on port 53 (the DNS pods, and node-local caches by address), and the
- * allowed CIDRs as the denied ones narrow them. Traffic from the node itself (kubelet probes, a
+ * allowed CIDRs as the denied ones narrow them; in gateway mode the egress gateway's pods on its port instead of any CIDR. Traffic from the node itself (kubelet probes, a
  * bridge running on the node) is not subject to NetworkPolicy in the enforcers we know.
  */
 export function desiredNetworkPolicy(pool: SandboxPool): Child {
@@ -126,9 +126,18 @@ export function desiredNetworkPolicy(pool: SandboxPool): Child {
       ports: dnsPorts,
     },
   ];
-  const blocks = egressIpBlocks(policy.allowedCIDRs, policy.deniedCIDRs);
-  // A rule with an empty `to` would allow every destination, so none is written when nothing is allowed.
-  if (blocks.length) egress.push({ to: blocks.map((ipBlock) => ({ ipBlock })) });
+  if (policy.mode === 'gateway') {
+    // Only the gateway's pods, on its proxy port: a tool that ignores the proxy variables fails
+    // closed, never around the gateway (docs/egress.md). The CIDR lists do not apply.
+    egress.push({
+      to: [{ namespaceSelector: { matchLabels: { [NAMESPACE_NAME_LABEL]: policy.gateway.namespace } }, podSelector: { matchLabels: policy.gateway.podLabels } }],
+      ports: [{ protocol: 'TCP', port: policy.gateway.port }],
+    });
+  } else {
+    const blocks = egressIpBlocks(policy.allowedCIDRs, policy.deniedCIDRs);
+    // A rule with an empty `to` would allow every destination, so none is written when nothing is allowed.
+    if (blocks.length) egress.push({ to: blocks.map((ipBlock) => ({ ipBlock })) });
+  }
   const ingress: k8s.V1NetworkPolicyIngressRule[] = [
     {
       // client-node's model names this `_from` (serialized as `from`), when sending and in the cache.

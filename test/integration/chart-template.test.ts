@@ -749,7 +749,14 @@ describe('pods and security', () => {
     // The bridge Deployment's pods carry those labels.
     const podLabels = out.one('Deployment', BRIDGE).spec.template.metadata.labels;
     expect(podLabels).toMatchObject(pool.spec.bridge.podLabels);
-    expect(pool.spec.egress).toEqual(POOL_DEFAULTS.egress);
+    // In gateway mode boxes reach only this release's egress gateway pods.
+    expect(pool.spec.egress).toEqual({
+      ...POOL_DEFAULTS.egress,
+      gateway: {
+        namespace: 'bridge-ns',
+        podLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/instance': 'rel', 'app.kubernetes.io/component': 'egress-gateway' },
+      },
+    });
   });
 
   test('the sandbox namespace may not be the release namespace', () => {

@@ -127,6 +127,13 @@ if (!testbed.available) process.stderr.write(`\n[network-policy] SKIPPING test/i
       // The pool's operatorPodLabels default (common/pool.ts): idle sleep reaches boxd from there.
       [ns.bridge, realNodeBox('operator', 'exec sleep 3600', { labels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'operator' } })],
       [ns.bridge, realNodeBox('stranger', 'exec sleep 3600', { labels: { 'app.kubernetes.io/name': 'sandbox-bridge' } })],
+      // Stands for the egress gateway (the pool's egress.gateway.podLabels default): its proxy port and another.
+      [
+        ns.bridge,
+        realNodeBox('gateway', listen({ 3128: 'gateway', 9090: 'gateway-metrics' }), {
+          labels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'egress-gateway' },
+        }),
+      ],
       [ns.control, realNodeBox('control', 'exec sleep 3600')],
       [ns.release, realNodeBox('metrics', listen({ 9090: 'metrics' }), { labels: bridgeLabels })],
       ['kube-system', realNodeBox(dnsPod, listen({ 53: 'dns', 54: 'other' }), { labels: { 'k8s-app': 'kube-dns' } })],
@@ -247,6 +254,27 @@ if (!testbed.available) process.stderr.write(`\n[network-policy] SKIPPING test/i
     await pools.patchSpec(poolName, { egress: { deniedCIDRs: POOL_DEFAULTS.egress.deniedCIDRs } });
     await waitFor('the public address to answer again', async () => ((await probe(box, host.public, 80)) ? true : undefined), { timeoutMs: 30_000, intervalMs: 500 });
   });
+
+  test("gateway mode: a box reaches only the gateway's pods on the proxy port (and DNS); the public address no longer, until the pool is direct again", async () => {
+    expect(await probe(box, ip.gateway!, 3128)).toBe(''); // direct mode: other pods are out of reach
+    await pools.patchSpec(poolName, { egress: { mode: 'gateway', gateway: { namespace: ns.bridge } } });
+    await waitFor('the gateway to answer the box', async () => ((await probe(box, ip.gateway!, 3128)) === 'gateway\n' ? true : undefined), {
+      timeoutMs: 30_000,
+      intervalMs: 500,
+    });
+    const [publicHost, gatewayOther, toDns, stranger] = await Promise.all([
+      probe(box, host.public, 80),
+      probe(box, ip.gateway!, 9090),
+      probe(box, ip[dnsPod]!, 53),
+      probe(box, ip.stranger!, 3128),
+    ]);
+    expect({ publicHost, gatewayOther, toDns, stranger }).toEqual({ publicHost: '', gatewayOther: '', toDns: 'dns\n', stranger: '' });
+    // An unpoliced pod still reaches the public address: the policy, not the harness, stops the box.
+    expect(await probe(control, host.public, 80)).not.toBe('');
+    await pools.patchSpec(poolName, { egress: { mode: 'direct' } });
+    await waitFor('the public address to answer again', async () => ((await probe(box, host.public, 80)) ? true : undefined), { timeoutMs: 30_000, intervalMs: 500 });
+    expect(await probe(box, ip.gateway!, 3128)).toBe('');
+  }, 90_000);
 
   test('the harness drops what pods send to an address no test registered, policy or not', async () => {
     const dropped = () => {
