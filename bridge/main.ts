@@ -1,12 +1,14 @@
 // Entry point: `node dist/bridge/main.js` (container) or `npm run dev`.
 import { createLogger } from '../common/logger.js';
 import { loadOrExit } from '../common/config.js';
+import { surviveUndiciInformationalErrors } from '../common/undici-guard.js';
 import { loadConfig } from './config.js';
 import { startBridge } from './server.js';
 
 async function main(): Promise<void> {
   const config = loadOrExit(() => loadConfig(), '');
   const log = createLogger('sandbox-bridge', config.LOG_LEVEL);
+  surviveUndiciInformationalErrors(log);
   const bridge = await startBridge(config, { log });
   let stopping = false;
   const stop = (signal: string) => {

@@ -1,8 +1,6 @@
 // Kubernetes access shared by the bridge and the operator: loading credentials, building API
 // clients with a per-request timeout, and turning client errors into the API's error types.
-import type * as https from 'node:https';
 import * as k8s from '@kubernetes/client-node';
-import { Agent } from 'undici';
 import { UNAVAILABLE_RETRY_AFTER_S, type ApiHealth } from './api-health.js';
 import { BridgeError } from './errors.js';
 
@@ -103,7 +101,6 @@ export function sharedConnectionAuth(kc: Pick<k8s.KubeConfig, 'applySecurityAuth
         await kc.applySecurityAuthentication(fresh);
         headers = { ...fresh.getHeaders() };
         fetchedAt = now();
-        if (dispatcher === undefined && kc instanceof k8s.KubeConfig) dispatcher = http1Dispatcher(kc);
         const agent = fresh.getDispatcher();
         if (dispatcher === undefined) dispatcher = agent;
         else if (agent !== dispatcher) void (agent as { close?: () => Promise<void> } | undefined)?.close?.();
@@ -112,31 +109,6 @@ export function sharedConnectionAuth(kc: Pick<k8s.KubeConfig, 'applySecurityAuth
       if (dispatcher !== undefined) context.setDispatcher(dispatcher);
     },
   };
-}
-
-/**
- * The connection pool to the API server, speaking HTTP/1.1 with keep-alive where client-node's
- * (undici 8) would negotiate HTTP/2: when undici's HTTP/2 session idles out with a stream still
- * registered, that stream emits 'error' with no listener and the process dies ("socket idle
- * timeout", a bridge replica lost in the chaos suite while the API server was frozen for it).
- * Same TLS settings as client-node's; undefined (client-node's own) behind a proxy.
- */
-export function http1Dispatcher(kc: k8s.KubeConfig): ReturnType<k8s.RequestContext['getDispatcher']> {
-  const cluster = kc.getCurrentCluster();
-  const user = kc.getCurrentUser();
-  const tls: https.AgentOptions = {};
-  if (cluster?.skipTLSVerify) tls.rejectUnauthorized = false;
-  if (cluster?.tlsServerName) tls.servername = cluster.tlsServerName;
-  const ca = k8s.bufferFromFileOrString(cluster?.caFile, cluster?.caData);
-  if (ca) tls.ca = ca;
-  const cert = k8s.bufferFromFileOrString(user?.certFile, user?.certData);
-  if (cert) tls.cert = cert;
-  const key = k8s.bufferFromFileOrString(user?.keyFile, user?.keyData);
-  if (key) tls.key = key;
-  const options = kc.createDispatcherOptions(cluster, tls);
-  if (options.type === 'agent') return new Agent({ connect: options.connect, allowH2: false });
-  if (options.type === 'none') return new Agent({ allowH2: false });
-  return undefined;
 }
 
 /**

@@ -14,6 +14,7 @@ import { loadKubeConfig } from '../common/kube.js';
 import { createLogger } from '../common/logger.js';
 import { createProbeServer, listen } from '../common/probe-server.js';
 import { loadOrExit } from '../common/config.js';
+import { surviveUndiciInformationalErrors } from '../common/undici-guard.js';
 import { loadConfig } from './config.js';
 import { Controller } from './controller.js';
 import { LeaderElector } from './leader-election.js';
@@ -25,6 +26,7 @@ import { EnvSealer } from '../common/env-seal.js';
 async function main(): Promise<void> {
   const config = loadOrExit(() => loadConfig(), 'sandbox-bridge operator: ');
   const log = createLogger('sandbox-bridge-operator', config.LOG_LEVEL);
+  surviveUndiciInformationalErrors(log);
   const kc = loadKubeConfig(config.KUBECONFIG);
   const metrics = createOperatorMetrics();
   metrics.leader.set(0);

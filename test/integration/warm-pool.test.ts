@@ -138,6 +138,8 @@ suite('warm boxes', () => {
       );
       const created = results.filter((r) => r.status === 201).map((r) => r.json);
       const refused = results.filter((r) => r.status === 429);
+      // Every answer a 201 or a 429 (any other is shown with its body).
+      expect(results.filter((r) => r.status !== 201 && r.status !== 429).map((r) => `${r.status} ${r.text.slice(0, 200)}`)).toEqual([]);
       expect(created.length + refused.length).toBe(40);
       expect(created.length).toBeLessThanOrEqual(12);
       const ids = created.map((c) => c.box_id);
