@@ -121,7 +121,17 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
 
   const call = instrumentedCall(metrics);
   // Writes fail fast while the API server does not answer; reads keep coming from the caches.
-  const health = new ApiHealth({ probe: apiServerProbe(kc), probeTimeoutMs: config.KUBE_PROBE_TIMEOUT_MS, log });
+  const health = new ApiHealth({
+    probe: apiServerProbe(kc),
+    probeTimeoutMs: config.KUBE_PROBE_TIMEOUT_MS,
+    log,
+    // The watches the data path reads may have frozen with the API server: reopen them at once.
+    onChange: (up) => {
+      if (!up) return;
+      cache.resync();
+      sleeping.resync();
+    },
+  });
   const core = makeApiClient(kc, k8s.CoreV1Api, config.KUBE_TIMEOUT_MS, { health });
   const key = boxdKey(config);
   const records = new BoxRecords(core, call, namespace);

@@ -74,3 +74,51 @@ test('metadataOnly lists in pages and watches PartialObjectMetadata, with the se
     await new Promise((r) => server.close(r));
   }
 });
+
+test('resync reopens a watch that went silent from the last resource version, with no relist and no error restart', async () => {
+  const lists: URL[] = [];
+  const watches: Array<{ url: URL; res: ServerResponse }> = [];
+  const server = createServer((req: IncomingMessage, res: ServerResponse) => {
+    const url = new URL(req.url!, 'http://x');
+    res.setHeader('content-type', 'application/json');
+    if (url.searchParams.get('watch') === 'true') {
+      watches.push({ url, res });
+      res.flushHeaders();
+      // The first watch stays silent, as one whose connection froze with the API server does;
+      // the one opened again gets what happened meanwhile.
+      if (watches.length === 2) res.write(`${JSON.stringify({ type: 'ADDED', object: meta('b', '11') })}\n`);
+      return;
+    }
+    lists.push(url);
+    res.end(JSON.stringify({ kind: 'PartialObjectMetadataList', apiVersion: 'meta.k8s.io/v1', metadata: { resourceVersion: '10' }, items: [meta('a', '7')] }));
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const kc = new k8s.KubeConfig();
+  kc.loadFromOptions({
+    clusters: [{ name: 'c', server: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, skipTLSVerify: true }],
+    users: [{ name: 'u', token: 't0ken' }],
+    contexts: [{ name: 'x', cluster: 'c', user: 'u' }],
+    currentContext: 'x',
+  });
+  const warnings: string[] = [];
+  const log = pino({ level: 'warn' }, { write: (line: string) => void warnings.push(line) });
+  const informer = new ResilientInformer<PartialObjectMetadata>({ kc, path: '/api/v1/namespaces/ns/secrets', metadataOnly: { timeoutMs: 5000 }, log });
+  try {
+    await informer.start();
+    for (let i = 0; i < 200 && watches.length < 1; i++) await new Promise((r) => setTimeout(r, 10));
+    expect(informer.list().map((s) => s.metadata!.name)).toEqual(['a']);
+
+    informer.resync();
+    for (let i = 0; i < 200 && informer.list().length < 2; i++) await new Promise((r) => setTimeout(r, 10));
+    expect(informer.list().map((s) => s.metadata!.name).sort()).toEqual(['a', 'b']);
+    expect(watches.map((w) => w.url.searchParams.get('resourceVersion'))).toEqual(['10', '10']);
+    // The closed watch's end is no error: no restart, no relist, nothing logged.
+    await new Promise((r) => setTimeout(r, 1200));
+    expect([lists.length, watches.length, warnings]).toEqual([1, 2, []]);
+  } finally {
+    informer.stop();
+    for (const w of watches) w.res.end();
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r));
+  }
+});

@@ -52,6 +52,7 @@ export class ResilientInformer<T extends k8s.KubernetesObject> {
   private backoffMs: number;
   private restartTimer: NodeJS.Timeout | undefined;
   private stopped = false;
+  private abortsToIgnore = 0;
   private healthy = false;
   private synced = false;
   private firstSync: Promise<void>;
@@ -92,6 +93,22 @@ export class ResilientInformer<T extends k8s.KubernetesObject> {
     void this.informer.stop();
   }
 
+  /**
+   * Opens the watch again from the last resource version seen (the API server replays what was
+   * missed, or answers 410 and the cache is relisted). For after an API server outage: a watch
+   * whose connection froze with it shows nothing new until its 30 s inactivity timeout, and a
+   * cache that old hands out pods that are gone (a replica answered 404 for a running box whose
+   * pod was replaced meanwhile: chaos seed 1421579774).
+   */
+  resync(): void {
+    if (this.stopped || !this.synced) return;
+    this.log.info('reopening the watch (the API server answers again after an outage)');
+    this.abortsToIgnore++;
+    void this.informer.stop().then(() => {
+      if (!this.stopped) void this.run();
+    });
+  }
+
   on(event: CacheEvent, handler: (obj: T) => void): void {
     this.informer.on(event, handler);
   }
@@ -128,6 +145,11 @@ export class ResilientInformer<T extends k8s.KubernetesObject> {
   }
 
   private onError(err: unknown): void {
+    // The end of a watch resync() closed is reported as an error: it is not one.
+    if (this.abortsToIgnore > 0 && (err as { name?: unknown } | null)?.name === 'AbortError') {
+      this.abortsToIgnore--;
+      return;
+    }
     this.healthy = false;
     if (this.stopped || this.restartTimer) return;
     const delay = this.backoffMs;

@@ -96,6 +96,11 @@ export class BoxCache implements BoxReader {
     this.informer.stop();
   }
 
+  /** Reopens the watch after an API server outage (ResilientInformer.resync). */
+  resync(): void {
+    this.informer.resync();
+  }
+
   isHealthy(): boolean {
     return this.informer.isHealthy();
   }

@@ -51,6 +51,11 @@ export class SleepingRecords implements SleepingReader {
     this.informer.stop();
   }
 
+  /** Reopens the watch after an API server outage (ResilientInformer.resync). */
+  resync(): void {
+    this.informer.resync();
+  }
+
   get(boxId: string): k8s.V1Secret | undefined {
     return this.informer.get(boxId, this.namespace);
   }
