@@ -28,10 +28,10 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 
 	"sandbox-bridge.io/boxd/auth"
 	"sandbox-bridge.io/boxd/errs"
+	"sandbox-bridge.io/boxd/reqlog"
 )
 
 // Config of the mounts server.
@@ -116,37 +116,7 @@ func (s *server) guarded(next http.Handler) http.Handler {
 	})
 }
 
-func (s *server) logged(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		began := time.Now()
-		rec := &recorder{ResponseWriter: w}
-		next.ServeHTTP(rec, r)
-		route := r.Pattern
-		if route == "" || route == "/" {
-			route = r.Method + " " + r.URL.Path
-		}
-		s.Log.Info("request", "route", route, "status", rec.status(), "duration_ms", float64(time.Since(began).Microseconds())/1000)
-	})
-}
-
-type recorder struct {
-	http.ResponseWriter
-	code int
-}
-
-func (rec *recorder) status() int {
-	if rec.code == 0 {
-		return http.StatusOK
-	}
-	return rec.code
-}
-
-func (rec *recorder) WriteHeader(code int) {
-	if rec.code == 0 {
-		rec.code = code
-	}
-	rec.ResponseWriter.WriteHeader(code)
-}
+func (s *server) logged(next http.Handler) http.Handler { return reqlog.Handler(s.Log, next) }
 
 // --- routes ----------------------------------------------------------------------------------
 

@@ -3,12 +3,10 @@
 package server
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -17,6 +15,7 @@ import (
 	"sandbox-bridge.io/boxd/auth"
 	"sandbox-bridge.io/boxd/errs"
 	"sandbox-bridge.io/boxd/process"
+	"sandbox-bridge.io/boxd/reqlog"
 )
 
 // Config of the server.
@@ -96,69 +95,8 @@ func (s *server) authenticated(next http.Handler) http.Handler {
 	})
 }
 
-// logged writes one JSON line per request: route, status, duration. Never bodies, queries
-// (paths, commands) or env.
-func (s *server) logged(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		began := time.Now()
-		rec := &recorder{ResponseWriter: w}
-		defer func() {
-			route := r.Pattern
-			if route == "" || route == "/" {
-				route = r.Method + " " + r.URL.Path // unauthenticated or unknown: the path only
-			}
-			s.Log.LogAttrs(r.Context(), slog.LevelInfo, "request",
-				slog.String("route", route), slog.Int("status", rec.status()),
-				slog.Float64("duration_ms", float64(time.Since(began).Microseconds())/1000))
-		}()
-		next.ServeHTTP(rec, r)
-	})
-}
-
-// recorder remembers the status and passes flushing, hijacking and sendfile through.
-type recorder struct {
-	http.ResponseWriter
-	code int
-}
-
-func (rec *recorder) status() int {
-	if rec.code == 0 {
-		return http.StatusOK
-	}
-	return rec.code
-}
-
-func (rec *recorder) WriteHeader(code int) {
-	if rec.code == 0 {
-		rec.code = code
-	}
-	rec.ResponseWriter.WriteHeader(code)
-}
-
-func (rec *recorder) Write(p []byte) (int, error) {
-	if rec.code == 0 {
-		rec.code = http.StatusOK
-	}
-	return rec.ResponseWriter.Write(p)
-}
-
-func (rec *recorder) ReadFrom(r io.Reader) (int64, error) {
-	if rec.code == 0 {
-		rec.code = http.StatusOK
-	}
-	return io.Copy(rec.ResponseWriter, r) // the server's own ReadFrom (sendfile) when it has one
-}
-
-func (rec *recorder) FlushError() error {
-	return http.NewResponseController(rec.ResponseWriter).Flush()
-}
-
-func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	rec.code = http.StatusSwitchingProtocols
-	return http.NewResponseController(rec.ResponseWriter).Hijack()
-}
-
-func (rec *recorder) Unwrap() http.ResponseWriter { return rec.ResponseWriter }
+// logged writes one JSON line per request (reqlog): route, status, duration.
+func (s *server) logged(next http.Handler) http.Handler { return reqlog.Handler(s.Log, next) }
 
 // --- answers ---------------------------------------------------------------------------------
 
