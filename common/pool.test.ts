@@ -3,7 +3,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { load } from 'js-yaml';
-import { DEFAULT_BOX_IMAGE, POOL_DEFAULTS, withDefaults } from './pool.js';
+import { DEFAULT_BOX_IMAGE, POOL_DEFAULTS, RESOLVER_DEFAULTS, withDefaults } from './pool.js';
 
 const ROOT = process.cwd();
 const CHART = join(ROOT, 'charts/sandbox-bridge');
@@ -36,10 +36,12 @@ function crdSpecSchema(file: string): Schema {
 }
 
 const defaults = leaves(POOL_DEFAULTS);
+// Optional objects (no default of their own): their fields' defaults apply when they are given.
+const optionalDefaults = leaves({ egress: { credentialResolver: RESOLVER_DEFAULTS } });
 
 test('the CRD defaults every field POOL_DEFAULTS has, to the same value, and nothing else', () => {
   for (const file of [join(CHART, 'crds/sandboxpools.sandbox-bridge.io.yaml'), join(ROOT, 'manifests/crds/sandboxpools.sandbox-bridge.io.yaml')]) {
-    expect(Object.fromEntries(schemaDefaults(crdSpecSchema(file)))).toEqual(Object.fromEntries(defaults));
+    expect(Object.fromEntries(schemaDefaults(crdSpecSchema(file)))).toEqual({ ...Object.fromEntries(defaults), ...Object.fromEntries(optionalDefaults) });
   }
 });
 
@@ -80,7 +82,7 @@ test("the chart's values seed the default pool with POOL_DEFAULTS", () => {
     'idle.sleepAfterSeconds': (pool.idle as Record<string, unknown>).sleepAfterSeconds,
   };
   // The chart leaves these to the CRD's defaults, or (the bridge) sets them from the release.
-  const notSeeded = ['egress.gateway.namespace', 'egress.gateway.podLabels', 'egress.gateway.port', 'box.workspaceSizeLimit', 'box.tmpSizeLimit', 'box.memoryStores.sizeLimit', 'bridge.namespace', 'bridge.podLabels', 'bridge.operatorPodLabels'];
+  const notSeeded = ['egress.gateway.namespace', 'egress.gateway.podLabels', 'egress.gateway.port', 'egress.gateway.service', 'box.workspaceSizeLimit', 'box.tmpSizeLimit', 'box.memoryStores.sizeLimit', 'bridge.namespace', 'bridge.podLabels', 'bridge.operatorPodLabels'];
   expect([...Object.keys(seeded), ...notSeeded].sort()).toEqual([...defaults.keys()].sort());
   for (const [path, value] of Object.entries(seeded)) expect({ path, value }).toEqual({ path, value: defaults.get(path) });
   const template = readFileSync(join(CHART, 'templates/sandboxpool.yaml'), 'utf8');

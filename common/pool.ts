@@ -57,6 +57,26 @@ export interface EgressPolicy {
   domains: EgressDomains;
   /** Gateway mode: the gateway's pods, the only destination (besides DNS) the box NetworkPolicy allows. */
   gateway: GatewayPeers;
+  /**
+   * Gateway mode: a service of the platform's that the gateway asks for the headers to add to a
+   * box's requests to the hosts listed, so secrets can stay in the platform's own vault
+   * (docs/egress.md "Credential resolver"). Registered credentials of a box win over it.
+   */
+  credentialResolver?: CredentialResolver;
+}
+
+/** The CRD's defaults of spec.egress.credentialResolver. */
+export const RESOLVER_DEFAULTS = { ttlSeconds: 300, timeoutSeconds: 5 } as const;
+
+export interface CredentialResolver {
+  /** http(s) URL the gateway POSTs {box_id, pool, host, port, tenant_id, session_id} to, signed. */
+  url: string;
+  /** Hosts it is asked about (patterns as domains.allow; exact names or *.name). Others never are. */
+  hosts: string[];
+  /** How long an answer is kept per (box, host) unless the answer says less. */
+  ttlSeconds: number;
+  /** How long the gateway waits for it; past that the connection is refused (502), never sent without. */
+  timeoutSeconds: number;
 }
 
 /** Where the egress gateway's pods run and the port they proxy on (the chart's gateway Deployment). */
@@ -64,6 +84,10 @@ export interface GatewayPeers {
   namespace: string;
   podLabels: Record<string, string>;
   port: number;
+  /** The gateway's Service in namespace: boxes' proxy is http://<service>.<namespace>.svc:<port>. */
+  service: string;
+  /** Instead of <service>.<namespace>.svc: a cluster domain of its own, or an address where there is no cluster DNS. */
+  host?: string;
 }
 
 export type EgressMode = 'direct' | 'gateway';
@@ -249,6 +273,7 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
       namespace: 'sandbox-bridge',
       podLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/component': 'egress-gateway' },
       port: 3128,
+      service: 'sandbox-bridge-egress-gateway',
     },
   },
   bridge: {
@@ -266,7 +291,12 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
 /** A spec with every field the CRD defaults filled in. */
 export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge' | 'snapshots' | 'warm' | 'idle' | 'box'>> & {
   namespace: string;
-  egress?: Partial<Omit<EgressPolicy, 'dns' | 'domains' | 'gateway'>> & { dns?: Partial<DnsPeers>; domains?: Partial<EgressDomains>; gateway?: Partial<GatewayPeers> };
+  egress?: Partial<Omit<EgressPolicy, 'dns' | 'domains' | 'gateway' | 'credentialResolver'>> & {
+    dns?: Partial<DnsPeers>;
+    domains?: Partial<EgressDomains>;
+    gateway?: Partial<GatewayPeers>;
+    credentialResolver?: Pick<CredentialResolver, 'url' | 'hosts'> & Partial<CredentialResolver>;
+  };
   bridge?: Partial<BridgePeers>;
   snapshots?: Partial<SnapshotPolicy>;
   warm?: Partial<WarmPolicy>;
@@ -285,6 +315,7 @@ export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
       dns: { ...POOL_DEFAULTS.egress.dns, ...spec.egress?.dns },
       domains: { ...POOL_DEFAULTS.egress.domains, ...spec.egress?.domains },
       gateway: { ...POOL_DEFAULTS.egress.gateway, ...spec.egress?.gateway },
+      ...(spec.egress?.credentialResolver ? { credentialResolver: { ...RESOLVER_DEFAULTS, ...spec.egress.credentialResolver } } : {}),
     },
     bridge: { ...POOL_DEFAULTS.bridge, ...spec.bridge },
     snapshots: { ...POOL_DEFAULTS.snapshots, ...spec.snapshots },
