@@ -305,17 +305,18 @@ export type PoolSpecInput = Partial<Omit<SandboxPoolSpec, 'egress' | 'bridge' | 
 };
 
 export function withDefaults(spec: PoolSpecInput): SandboxPoolSpec {
+  const { credentialResolver, ...egress } = spec.egress ?? {};
   return {
     ...POOL_DEFAULTS,
     ...spec,
     box: { ...POOL_DEFAULTS.box, ...spec.box, memoryStores: { ...POOL_DEFAULTS.box.memoryStores, ...spec.box?.memoryStores } },
     egress: {
       ...POOL_DEFAULTS.egress,
-      ...spec.egress,
-      dns: { ...POOL_DEFAULTS.egress.dns, ...spec.egress?.dns },
-      domains: { ...POOL_DEFAULTS.egress.domains, ...spec.egress?.domains },
-      gateway: { ...POOL_DEFAULTS.egress.gateway, ...spec.egress?.gateway },
-      ...(spec.egress?.credentialResolver ? { credentialResolver: { ...RESOLVER_DEFAULTS, ...spec.egress.credentialResolver } } : {}),
+      ...egress,
+      dns: { ...POOL_DEFAULTS.egress.dns, ...egress.dns },
+      domains: { ...POOL_DEFAULTS.egress.domains, ...egress.domains },
+      gateway: { ...POOL_DEFAULTS.egress.gateway, ...egress.gateway },
+      ...(credentialResolver ? { credentialResolver: { ...RESOLVER_DEFAULTS, ...credentialResolver } } : {}),
     },
     bridge: { ...POOL_DEFAULTS.bridge, ...spec.bridge },
     snapshots: { ...POOL_DEFAULTS.snapshots, ...spec.snapshots },

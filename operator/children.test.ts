@@ -143,7 +143,7 @@ test('with nothing allowed, only DNS egress remains (never an empty `to`, which 
 test('gateway mode: egress only to DNS and the gateway pods on the proxy port; no CIDR rule whatever the lists say', () => {
   const np = desiredNetworkPolicy(
     pool({
-      egress: { ...POOL_DEFAULTS.egress, mode: 'gateway', allowedCIDRs: ['0.0.0.0/0', '::/0'], gateway: { namespace: 'gw', podLabels: { app: 'gateway' }, port: 3129 } },
+      egress: { ...POOL_DEFAULTS.egress, mode: 'gateway', allowedCIDRs: ['0.0.0.0/0', '::/0'], gateway: { namespace: 'gw', podLabels: { app: 'gateway' }, port: 3129, service: 'gw' } },
     }),
   );
   const egress = (np.spec as k8s.V1NetworkPolicySpec).egress!;
