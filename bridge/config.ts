@@ -1,6 +1,6 @@
 // Bridge configuration: environment variables, validated with zod at start-up. A bad value
 // stops the process with a message naming the variable.
-import { ConfigError, configProblems, readBoxdKey, readSnapshotKeys } from '../common/config.js';
+import { ConfigError, configProblems, readBoxdKey, readEgressKey, readSnapshotKeys } from '../common/config.js';
 import { z } from 'zod';
 import { LOG_LEVELS } from '../common/logger.js';
 import { ObjectStoreConfigSchema, objectStoreProblems } from '../common/object-store.js';
@@ -36,6 +36,12 @@ export const ConfigSchema = z
     /** The key box credentials are derived from (shared by every replica and the operator), or a file holding it. */
     BOXD_KEY: z.string().min(32, 'must be at least 32 characters').optional(),
     BOXD_KEY_FILE: z.string().optional(),
+    /**
+     * The egress gateway's key (its key file: a key per line, the first signs), or the key itself:
+     * boxes of gateway-mode pools get their proxy credential from it (common/egress-proxy.ts).
+     */
+    EGRESS_KEY: z.string().optional(),
+    EGRESS_KEY_FILE: z.string().min(1).optional(),
     /** Image whose /boxd the box's init container installs (the Dockerfile's `boxd` target). */
     BOXD_IMAGE: z.string().min(1, 'must name the boxd image'),
     /** A new connection to a box's agent taking longer than this counts as unreachable. */
@@ -116,7 +122,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   // The token files themselves are read (and a start-up without any token refused) by createTokenSource.
   boxdKey(parsed.data);
   snapshotKeys(parsed.data);
+  egressKey(parsed.data);
   return parsed.data;
+}
+
+/** The egress key (common/config.ts readEgressKey); undefined without one. */
+export function egressKey(config: Pick<Config, 'EGRESS_KEY' | 'EGRESS_KEY_FILE'>): Buffer | undefined {
+  return readEgressKey('bridge', config.EGRESS_KEY, config.EGRESS_KEY_FILE);
 }
 
 /** The keys sealing snapshot envs (common/config.ts readSnapshotKeys). */

@@ -44,6 +44,30 @@ export function readBoxdKey(program: string, key: string | undefined, file: stri
 }
 
 /**
+ * The key boxes' egress proxy credentials are signed with (common/egress-proxy.ts): EGRESS_KEY, or
+ * the first non-empty line of EGRESS_KEY_FILE (the gateway's key file: one key per line, the first
+ * signs, every one verifies; a line's bytes are the key). Undefined when neither is set: boxes
+ * then get no credential and a gateway pool's boxes are refused (407), never let out unchecked.
+ */
+export function readEgressKey(program: string, key: string | undefined, file: string | undefined): Buffer | undefined {
+  let value = key;
+  if (value === undefined && file) {
+    try {
+      value = readFileSync(file, 'utf8')
+        .split('\n')
+        .map((l) => l.trim())
+        .find(Boolean);
+    } catch (err) {
+      throw new ConfigError(program, [`EGRESS_KEY_FILE: cannot read ${file} (${(err as Error).message})`]);
+    }
+    if (value === undefined) throw new ConfigError(program, [`EGRESS_KEY_FILE: ${file} holds no key`]);
+  }
+  if (value === undefined) return undefined;
+  if (Buffer.byteLength(value) < 32) throw new ConfigError(program, ['EGRESS_KEY: must be at least 32 bytes']);
+  return Buffer.from(value, 'utf8');
+}
+
+/**
  * The keys sealing snapshot envs, from SNAPSHOT_ENCRYPTION_KEY or its file (one per line, the
  * first seals); empty when neither is set.
  */

@@ -61,3 +61,19 @@ test('node checks: off by default, read hourly; NODE_CHECKS takes only true or f
   expect(() => loadConfig({ NODE_CHECKS: 'yes' })).toThrow(/NODE_CHECKS/);
   expect(() => loadConfig({ NODE_CHECK_INTERVAL_SECONDS: '1' })).toThrow(/NODE_CHECK_INTERVAL_SECONDS/);
 });
+
+test("the egress key: the key file's first line signs (as the gateway's); none leaves it unset; a short key stops the start", () => {
+  const dir = mkdtempSync(join(tmpdir(), 'egress-key-'));
+  try {
+    const file = join(dir, 'keys');
+    writeFileSync(file, `\n${'n'.repeat(40)}\n${'o'.repeat(40)}\n`);
+    expect(loadConfig({ EGRESS_KEY_FILE: file }).egressKey?.toString()).toBe('n'.repeat(40));
+    expect(loadConfig({}).egressKey).toBeUndefined();
+    expect(loadConfig({}).EGRESS_CA_PROPAGATION_SECONDS).toBe(180);
+    expect(() => loadConfig({ EGRESS_KEY: 'short' })).toThrow(/EGRESS_KEY: must be at least 32 bytes/);
+    writeFileSync(file, '\n\n');
+    expect(() => loadConfig({ EGRESS_KEY_FILE: file })).toThrow(/holds no key/);
+  } finally {
+    rmSync(dir, { recursive: true });
+  }
+});

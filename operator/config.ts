@@ -1,6 +1,6 @@
 // Operator configuration from the environment, validated up front so a bad value stops the
 // process with a message naming the variable instead of failing later.
-import { ConfigError, configProblems, readBoxdKey, readSnapshotKeys } from '../common/config.js';
+import { ConfigError, configProblems, readBoxdKey, readEgressKey, readSnapshotKeys } from '../common/config.js';
 import { existsSync, readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
@@ -66,6 +66,17 @@ export const ConfigSchema = z.object({
    */
   SNAPSHOT_ENCRYPTION_KEY: z.string().optional(),
   SNAPSHOT_ENCRYPTION_KEY_FILE: z.string().min(1).optional(),
+  /**
+   * The egress gateway's key (its key file, or the key itself): warm boxes of gateway-mode pools
+   * get their proxy credential from it (common/egress-proxy.ts). Without it they get none (407).
+   */
+  EGRESS_KEY: z.string().optional(),
+  EGRESS_KEY_FILE: z.string().min(1).optional(),
+  /**
+   * Rotating a pool's egress CA (operator/egress-ca.ts): how long the new CA is trusted by boxes
+   * before the gateway signs with it. Longer than the kubelet takes to update a ConfigMap volume.
+   */
+  EGRESS_CA_PROPAGATION_SECONDS: positiveInt.default(180),
   /** Boxes put to sleep at once (each streams its workspace to the store). */
   SLEEP_WORKERS: positiveInt.max(32).default(2),
   /** How long a box lease (sleep, wake) lives unrenewed before another party may take it over. */
@@ -87,6 +98,8 @@ export type OperatorConfig = z.infer<typeof ConfigSchema> & {
   boxd?: { image: string; key: Buffer };
   /** From SNAPSHOT_ENCRYPTION_KEY(_FILE): sealing the env of idle-sleep snapshots. */
   snapshotKeys: string[];
+  /** From EGRESS_KEY(_FILE): warm boxes' egress proxy credentials. */
+  egressKey?: Buffer;
 };
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): OperatorConfig {
@@ -103,7 +116,15 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): OperatorConfig
   if (Boolean(c.BOXD_IMAGE) !== hasKey) throw new ConfigError('operator', ['BOXD_IMAGE and BOXD_KEY (or BOXD_KEY_FILE): set both, for warm boxes, or neither']);
   const boxd = c.BOXD_IMAGE ? { image: c.BOXD_IMAGE, key: readBoxdKey('operator', c.BOXD_KEY, c.BOXD_KEY_FILE) } : undefined;
   const snapshotKeys = readSnapshotKeys('operator', c.SNAPSHOT_ENCRYPTION_KEY, c.SNAPSHOT_ENCRYPTION_KEY_FILE);
-  return { ...c, identity: `${c.POD_NAME ?? hostname()}_${randomUUID().slice(0, 8)}`, webhooks: readWebhooks(c), snapshotKeys, ...(boxd ? { boxd } : {}) };
+  const egressKey = readEgressKey('operator', c.EGRESS_KEY, c.EGRESS_KEY_FILE);
+  return {
+    ...c,
+    identity: `${c.POD_NAME ?? hostname()}_${randomUUID().slice(0, 8)}`,
+    webhooks: readWebhooks(c),
+    snapshotKeys,
+    ...(boxd ? { boxd } : {}),
+    ...(egressKey ? { egressKey } : {}),
+  };
 }
 
 function readWebhooks(c: z.infer<typeof ConfigSchema>): OperatorConfig['webhooks'] {
