@@ -12,7 +12,7 @@ import { DEFAULT_BOX_IMAGE, withDefaults } from '../common/pool.js';
 import { createProbeServer, listen } from '../common/probe-server.js';
 import { createApp } from './app.js';
 import { BoxdClient } from '../common/boxd-client.js';
-import { boxdKey, snapshotKeys, trustProxySetting, type Config } from './config.js';
+import { boxdKey, egressKey, snapshotKeys, trustProxySetting, type Config } from './config.js';
 import { KeyedLimiter } from '../common/rate-limit.js';
 import { admitUpgrade } from './http/auth.js';
 import { terminalUpgrades } from './http/terminals.js';
@@ -134,6 +134,8 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   });
   const core = makeApiClient(kc, k8s.CoreV1Api, config.KUBE_TIMEOUT_MS, { health });
   const key = boxdKey(config);
+  const proxyKey = egressKey(config);
+  if (!proxyKey) log.warn('no EGRESS_KEY or EGRESS_KEY_FILE: boxes get no egress proxy credential, and the gateway refuses those of gateway-mode pools (407)');
   const records = new BoxRecords(core, call, namespace);
   const sleeping = new SleepingRecords(kc, namespace, log);
   await startWithin(sleeping.start(), config.STARTUP_TIMEOUT_MS, `the sleeping box watch in namespace ${namespace}`);
@@ -159,6 +161,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     seats,
     boxd,
     boxdKey: key,
+    egressKey: proxyKey,
     boxdImage: config.BOXD_IMAGE,
     namespace,
     namePrefix: config.BOX_NAME_PREFIX,

@@ -2,11 +2,26 @@
 // (pure; every security default lives here), what a session's box adds to a pod's metadata
 // (cold creates put it in at once, a warm claim patches it in), and the warm template's hash.
 import { createHash } from 'node:crypto';
-import type { V1ObjectMeta, V1OwnerReference, V1Pod, V1Secret, V1SecurityContext } from '@kubernetes/client-node';
+import type { V1EnvVar, V1ObjectMeta, V1OwnerReference, V1Pod, V1Secret, V1SecurityContext, V1Volume, V1VolumeMount } from '@kubernetes/client-node';
 import { BOXD_BINARY, BOXD_BIN_DIR, BOXD_NONCE_ANNOTATION, BOXD_PORT, BOXD_PROTOCOL_VERSION, BOXD_SECRET_DIR, BOXD_VERSION_ANNOTATION, BOX_SECRET_KEYS } from './boxd.js';
+import {
+  BOXD_CA_ENV,
+  CA_BUNDLE_DIR,
+  CA_BUNDLE_FILE,
+  CA_BUNDLE_VARIABLES,
+  EGRESS_CA_CONFIGMAP_KEY,
+  EGRESS_CA_DIR,
+  EGRESS_CA_FILE,
+  EGRESS_CA_NAME,
+  EGRESS_PROXY_KEY,
+  NO_PROXY,
+  NO_PROXY_VARIABLES,
+  PROXY_VARIABLES,
+  gatewayAddress,
+} from './egress-proxy.js';
 import { ANNOTATIONS, LABELS, MANAGED_BY, sessionHash } from './labels.js';
 import { memoryPodParts } from './memory-store.js';
-import type { BoxPolicy, SandboxPoolSpec } from './pool.js';
+import type { BoxPolicy, EgressPolicy, SandboxPoolSpec } from './pool.js';
 import { formatCpu, formatMemory, parseQuantity } from './quantity.js';
 
 export const BOX_CONTAINER = 'box';
@@ -38,6 +53,8 @@ export interface BoxPodParams {
   nonce: string;
   /** The Secret the box's credential and env come from (the box record, or a warm pod's own). */
   secretName: string;
+  /** The pool's egress: in gateway mode the box is pointed at the gateway (egressPodParts). */
+  egress: Pick<EgressPolicy, 'mode' | 'gateway'>;
 }
 
 /** Every container of a box: the restricted Pod Security profile, read-only root. */
@@ -60,6 +77,7 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
   const resources = { requests: { cpu, memory }, limits: { cpu, memory } };
   // Memory stores (docs/mounts.md): a sidecar and two volumes, when the pool has them on.
   const mem = memoryPodParts(p.box.memoryStores, p.boxdImage, 'box-secret', LOCKED_DOWN);
+  const egress = p.egress.mode === 'gateway' ? egressPodParts(p.egress.gateway, p.secretName) : undefined;
   return {
     apiVersion: 'v1',
     kind: 'Pod',
@@ -113,7 +131,7 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
           imagePullPolicy: 'IfNotPresent',
           command: [BOXD_BINARY, 'serve'],
           workingDir: WORKSPACE,
-          env: [{ name: 'HOME', value: WORKSPACE }],
+          env: [{ name: 'HOME', value: WORKSPACE }, ...(egress?.env ?? [])],
           ports: [{ name: 'boxd', containerPort: BOXD_PORT, protocol: 'TCP' }],
           resources,
           securityContext: LOCKED_DOWN,
@@ -124,6 +142,7 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
             { name: 'boxd', mountPath: BOXD_BIN_DIR, readOnly: true },
             { name: 'box-secret', mountPath: BOXD_SECRET_DIR, readOnly: true },
             ...(mem?.boxMounts ?? []),
+            ...(egress?.mounts ?? []),
           ],
         },
       ],
@@ -145,8 +164,43 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
           },
         },
         ...(mem?.volumes ?? []),
+        ...(egress?.volumes ?? []),
       ],
     },
+  };
+}
+
+/**
+ * What a box of a gateway-mode pool adds (docs/egress.md): proxy variables naming the gateway
+ * with the pod's own credential, a CA bundle for the tools that read one (boxd writes it from
+ * the image's system bundle and the pool CA's ConfigMap, boxd/cabundle), and the two volumes.
+ * The credential comes only by reference to the pod's Secret (optional: a pod whose Secret has
+ * none starts, and the gateway refuses it); Kubernetes expands $(VAR) of earlier entries.
+ */
+function egressPodParts(gateway: EgressPolicy['gateway'], secretName: string): { env: V1EnvVar[]; volumes: V1Volume[]; mounts: V1VolumeMount[] } {
+  const proxy = `http://$(SANDBOX_EGRESS_POD):$(SANDBOX_EGRESS_CREDENTIAL)@${gatewayAddress(gateway)}`;
+  return {
+    env: [
+      { name: 'SANDBOX_EGRESS_POD', valueFrom: { fieldRef: { fieldPath: 'metadata.name' } } },
+      { name: 'SANDBOX_EGRESS_CREDENTIAL', valueFrom: { secretKeyRef: { name: secretName, key: EGRESS_PROXY_KEY, optional: true } } },
+      ...PROXY_VARIABLES.map((name) => ({ name, value: proxy })),
+      ...NO_PROXY_VARIABLES.map((name) => ({ name, value: NO_PROXY })),
+      ...CA_BUNDLE_VARIABLES.map((name) => ({ name, value: CA_BUNDLE_FILE })),
+      { name: BOXD_CA_ENV.source, value: EGRESS_CA_FILE },
+      { name: BOXD_CA_ENV.bundle, value: CA_BUNDLE_FILE },
+    ],
+    volumes: [
+      {
+        name: 'egress-ca',
+        // Optional: a box starts before the operator made the pool's CA; boxd picks it up when it comes.
+        configMap: { name: EGRESS_CA_NAME, optional: true, items: [{ key: EGRESS_CA_CONFIGMAP_KEY, path: EGRESS_CA_CONFIGMAP_KEY }] },
+      },
+      { name: 'egress', emptyDir: { sizeLimit: '4Mi' } },
+    ],
+    mounts: [
+      { name: 'egress-ca', mountPath: EGRESS_CA_DIR, readOnly: true },
+      { name: 'egress', mountPath: CA_BUNDLE_DIR },
+    ],
   };
 }
 
@@ -237,6 +291,9 @@ export function warmTemplateHash(spec: SandboxPoolSpec, boxdImage: string): stri
     nodeSelector: box.nodeSelector ?? null,
     tolerations: box.tolerations ?? null,
     boxdImage,
+    // Gateway-mode pods carry the proxy variables and the CA volumes: a switch, or a gateway moved,
+    // replaces them (direct-mode templates hash as before, so their warm pods stay).
+    ...(spec.egress.mode === 'gateway' ? { egressGateway: gatewayAddress(spec.egress.gateway) } : {}),
   };
   return createHash('sha256').update(JSON.stringify(template)).digest('hex').slice(0, 16);
 }
@@ -251,6 +308,8 @@ export function buildBoxSecret(p: {
   poolName: string;
   component: string;
   token: string;
+  /** The pod's egress proxy credential (common/egress-proxy.ts), when there is an egress key. */
+  egressProxy?: string | undefined;
   env: Record<string, string>;
   labels?: Record<string, string>;
   annotations?: Record<string, string>;
@@ -267,7 +326,12 @@ export function buildBoxSecret(p: {
       ...(p.annotations ? { annotations: p.annotations } : {}),
       ...(p.owner ? { ownerReferences: [p.owner] } : {}),
     },
-    data: { [BOX_SECRET_KEYS.token]: base64(p.token), [BOX_SECRET_KEYS.env]: base64(JSON.stringify(p.env)) },
+    data: {
+      [BOX_SECRET_KEYS.token]: base64(p.token),
+      [BOX_SECRET_KEYS.env]: base64(JSON.stringify(p.env)),
+      // Not projected into the pod's secret volume: it reaches the box only as SANDBOX_EGRESS_CREDENTIAL.
+      ...(p.egressProxy ? { [EGRESS_PROXY_KEY]: base64(p.egressProxy) } : {}),
+    },
   };
 }
 

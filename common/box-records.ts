@@ -6,6 +6,7 @@
 import * as k8s from '@kubernetes/client-node';
 import { BOX_SECRET_KEYS } from './boxd.js';
 import { buildBoxSecret } from './box-pod.js';
+import { EGRESS_PROXY_KEY } from './egress-proxy.js';
 import { BridgeError } from './errors.js';
 import type { KubeCall } from './kube.js';
 import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, boxRecordName, sessionHash } from './labels.js';
@@ -21,6 +22,8 @@ export interface NewRecord {
   slot: number;
   /** The credential of a cold pod that will mount this record; empty when a warm pod is claimed. */
   token: string;
+  /** That pod's egress proxy credential (common/egress-proxy.ts); none without an egress key. */
+  egressProxy?: string | undefined;
   env: Record<string, string>;
   idempotencyKey?: string | undefined;
   /** More annotations for the record (the box's egress allow list, common/box-egress.ts). */
@@ -32,6 +35,8 @@ export interface RecordChange {
   labels?: Record<string, string | null>;
   annotations?: Record<string, string | null>;
   token?: string;
+  /** With token: the new pod's egress proxy credential (null removes one a pod of an earlier nonce had). */
+  egressProxy?: string | null;
 }
 
 export class BoxRecords {
@@ -50,6 +55,7 @@ export class BoxRecords {
       poolName: r.poolName,
       component: SECRET_COMPONENTS.record,
       token: r.token,
+      egressProxy: r.egressProxy,
       env: r.env,
       labels: {
         [LABELS.session]: sessionHash(r.sessionId),
@@ -91,7 +97,7 @@ export class BoxRecords {
 
   /**
    * A compare-and-swap on the record's labels and annotations (null removes one), and with
-   * `token` its credential: a merge patch carrying the resource version last read, so it fails
+   * `token` its credential (`egressProxy` its proxy credential): a merge patch carrying the resource version last read, so it fails
    * when anything changed the record since. Resolves with the record, or undefined when it lost.
    */
   async swap(record: k8s.V1Secret, change: RecordChange): Promise<k8s.V1Secret | undefined> {
@@ -103,7 +109,7 @@ export class BoxRecords {
             namespace: this.namespace,
             body: {
               metadata: { resourceVersion: record.metadata!.resourceVersion, labels: change.labels, annotations: change.annotations },
-              ...(change.token !== undefined ? { data: { [BOX_SECRET_KEYS.token]: Buffer.from(change.token, 'utf8').toString('base64') } } : {}),
+              ...(change.token !== undefined || change.egressProxy !== undefined ? { data: dataOf(change) } : {}),
             },
           },
           k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
@@ -178,6 +184,14 @@ export class BoxRecords {
       headers: { 'Retry-After': '1' },
     });
   }
+}
+
+/** The credentials a change writes into the record's data (base64, as the API wants it). */
+function dataOf(change: RecordChange): Record<string, string | null> {
+  const data: Record<string, string | null> = {};
+  if (change.token !== undefined) data[BOX_SECRET_KEYS.token] = Buffer.from(change.token, 'utf8').toString('base64');
+  if (change.egressProxy !== undefined) data[EGRESS_PROXY_KEY] = change.egressProxy === null ? null : Buffer.from(change.egressProxy, 'utf8').toString('base64');
+  return data;
 }
 
 /** The UID of the record a box pod belongs to (its owner reference). */

@@ -59,6 +59,7 @@ test('a pool with memory stores: the sidecar, the read-only mount in the box, th
     boxdImage: 'boxd:1',
     nonce: 'n',
     secretName: 'b',
+    egress: POOL_DEFAULTS.egress,
   });
   const pod = buildBoxPod(params(true));
   expect(hasMountsSidecar(pod)).toBe(true);

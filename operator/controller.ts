@@ -41,8 +41,8 @@ export interface ControllerOptions {
   webhooks?: WebhookNotifier;
   /** The object store of snapshots: with it, a second reconciler of each pool enforces snapshot retention. */
   snapshots?: { store: ObjectStore; sweepIntervalMs: number; incompleteGraceMs: number };
-  /** The boxd image and credential key warm boxes are made with; without them none are kept. */
-  boxd?: { image: string; key: Buffer };
+  /** The boxd image and credential key warm boxes are made with (none without them), and the egress key if any (warm-pool.ts). */
+  boxd?: { image: string; key: Buffer; egressKey?: Buffer };
   /**
    * Idle sleep (operator/idle-sleep.ts): with the object store, the boxd key and the snapshot
    * env sealer, a third reconciler puts idle boxes to sleep and resumes abandoned leases.

@@ -36,6 +36,7 @@ async function main(): Promise<void> {
   if (!store) log.info('no object store configured (OBJECT_STORE_BUCKET): snapshot retention and idle sleep are off');
   const sleeps = store && config.boxd && config.snapshotKeys.length > 0;
   if (store && !sleeps) log.info('idle sleep is off: it needs BOXD_KEY (and BOXD_IMAGE) and SNAPSHOT_ENCRYPTION_KEY besides the object store');
+  if (!config.egressKey) log.warn('no EGRESS_KEY or EGRESS_KEY_FILE: warm boxes get no egress proxy credential, and the gateway refuses those of gateway-mode pools (407)');
   const controller = new Controller({
     kc,
     log,
@@ -47,7 +48,7 @@ async function main(): Promise<void> {
     maxReapsPerPass: config.REAP_BATCH,
     deleteConcurrency: config.REAP_CONCURRENCY,
     orphanGraceMs: config.ORPHAN_SECRET_GRACE_SECONDS * 1000,
-    ...(config.boxd ? { boxd: config.boxd } : {}),
+    ...(config.boxd ? { boxd: { ...config.boxd, ...(config.egressKey ? { egressKey: config.egressKey } : {}) } } : {}),
     ...(sleeps ? { sleep: { sealer: new EnvSealer(config.snapshotKeys), leaseMs: config.BOX_LEASE_SECONDS * 1000, workers: config.SLEEP_WORKERS } } : {}),
     stuckPendingMs: config.STUCK_PENDING_SECONDS * 1000,
     nodeChecks: { enabled: config.NODE_CHECKS, intervalMs: config.NODE_CHECK_INTERVAL_SECONDS * 1000 },

@@ -51,8 +51,8 @@ export interface ReconcilerOptions {
   deleteConcurrency?: number;
   orphanGraceMs?: number;
   requestTimeoutMs?: number;
-  /** The boxd image and credential key warm boxes are made with; without them none are kept. */
-  boxd?: { image: string; key: Buffer };
+  /** The boxd image and credential key warm boxes are made with (none without them), and the egress key if any (warm-pool.ts). */
+  boxd?: { image: string; key: Buffer; egressKey?: Buffer };
 }
 
 /** Per-namespace record of box pods observed by watch events, drained once counted. */

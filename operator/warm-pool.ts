@@ -5,6 +5,7 @@
 import type * as k8s from '@kubernetes/client-node';
 import { boxdToken, newNonce } from '../common/boxd.js';
 import { buildBoxPod, buildBoxSecret, warmShape, warmTemplateHash } from '../common/box-pod.js';
+import { egressProxyCredential } from '../common/egress-proxy.js';
 import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, warmCredentialName } from '../common/labels.js';
 import type { SandboxPool } from '../common/pool.js';
 import { apiStatusCode } from '../common/kube.js';
@@ -93,8 +94,11 @@ export function isReady(pod: k8s.V1Pod): boolean {
 
 export interface WarmPodsOptions {
   core: k8s.CoreV1Api;
-  /** The boxd image and credential key; without them the operator keeps no warm boxes. */
-  boxd: { image: string; key: Buffer };
+  /**
+   * The boxd image and credential key; without them the operator keeps no warm boxes. With an
+   * egress key, each warm pod's Secret also holds the pod's egress proxy credential.
+   */
+  boxd: { image: string; key: Buffer; egressKey?: Buffer | undefined };
 }
 
 export class WarmPods {
@@ -131,6 +135,8 @@ export class WarmPods {
       poolName: pool.metadata.name,
       component: SECRET_COMPONENTS.credential,
       token: boxdToken(this.o.boxd.key, ns, name, nonce),
+      // The gateway accepts it only once the pod is claimed (a box-id label): a warm pod reaches nothing.
+      egressProxy: this.o.boxd.egressKey ? egressProxyCredential(this.o.boxd.egressKey, ns, name, nonce) : undefined,
       env: {},
       owner: unowned,
     });
@@ -141,6 +147,7 @@ export class WarmPods {
       poolName: pool.metadata.name,
       shape: warmShape(pool.spec),
       box: pool.spec.box,
+      egress: pool.spec.egress,
       boxdImage: this.o.boxd.image,
       nonce,
       secretName: warmCredentialName(name),

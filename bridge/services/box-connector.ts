@@ -31,7 +31,7 @@ import type { SnapshotStore } from './snapshot-store.js';
 export const wakePermission = new AsyncLocalStorage<boolean>();
 
 export interface BoxConnectorDeps {
-  boxes: Pick<BoxService, 'locate' | 'answering' | 'revive'>;
+  boxes: Pick<BoxService, 'locate' | 'answering' | 'revive' | 'egressProxy'>;
   cache: BoxReader;
   records: BoxRecords;
   leases: BoxLeases;
@@ -391,9 +391,13 @@ export class BoxConnector {
       if (state === 'failed') throw failed(boxId, record);
       if (state === 'asleep' || leaseExpired(record, this.now())) {
         // Asleep, or its waker stopped: this replica wakes it. A cold pod mounts the record, so the
-        // new nonce's credential goes in with the lease.
+        // new nonce's credentials go in with the lease.
         const nonce = newNonce();
-        const held = await this.deps.leases.take(record, 'waking', { token: boxdToken(this.deps.key, this.deps.namespace, boxId, nonce) });
+        const held = await this.deps.leases.take(record, 'waking', {
+          token: boxdToken(this.deps.key, this.deps.namespace, boxId, nonce),
+          // Bound to the old pod's nonce, a credential left from before is of no use: replaced or removed.
+          egressProxy: this.deps.boxes.egressProxy(boxId, nonce) ?? null,
+        });
         if (held) return this.wake(boxId, held, nonce);
         continue; // another replica moved first: look again
       }

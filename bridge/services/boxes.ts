@@ -11,6 +11,7 @@ import { createHash } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import { BOXD_NONCE_ANNOTATION, boxdToken, newNonce } from '../../common/boxd.js';
 import { checkBoxAllow } from '../../common/box-egress.js';
+import { egressProxyCredential } from '../../common/egress-proxy.js';
 import { buildSessionBoxPod, sessionMetadata, warmShape, warmTemplateHash, type BoxShape, type SessionBox } from '../../common/box-pod.js';
 import { BridgeError } from '../../common/errors.js';
 import { ANNOTATIONS, LABELS, boxName, sessionHash } from '../../common/labels.js';
@@ -69,6 +70,8 @@ export interface BoxServiceDeps {
   boxd: BoxdClient;
   /** The key box credentials are derived from (common/boxd.ts). */
   boxdKey: Buffer;
+  /** The key boxes' egress proxy credentials are derived from (common/egress-proxy.ts); none without it. */
+  egressKey?: Buffer | undefined;
   boxdImage: string;
   namespace: string;
   namePrefix: string;
@@ -140,6 +143,7 @@ export class BoxService {
           sessionId: req.sessionId,
           slot,
           token: boxdToken(this.deps.boxdKey, this.deps.namespace, boxId, nonce),
+          egressProxy: this.egressProxy(boxId, nonce),
           env: req.env ?? {},
           idempotencyKey: keyDigest,
           ...(req.egress ? { annotations: { [ANNOTATIONS.egress]: JSON.stringify({ allow: req.egress.allow }) } } : {}),
@@ -270,7 +274,7 @@ export class BoxService {
    */
   private async createPod(spec: SandboxPoolSpec, shape: BoxShape, session: SessionBox, nonce: string): Promise<k8s.V1Pod> {
     const body = buildSessionBoxPod(
-      { namespace: this.deps.namespace, poolName: this.deps.policy.poolName, shape, box: spec.box, boxdImage: this.deps.boxdImage, nonce },
+      { namespace: this.deps.namespace, poolName: this.deps.policy.poolName, shape, box: spec.box, egress: spec.egress, boxdImage: this.deps.boxdImage, nonce },
       session,
     );
     const evicted = new Set<string>();
@@ -446,6 +450,14 @@ export class BoxService {
   /** Boxes that count against the pool's cap (warm pods not included). */
   activeCount(): number {
     return this.deps.cache.activeCount();
+  }
+
+  /**
+   * The egress proxy credential of the pod a record's box gets with this nonce (a cold pod is
+   * named after its box), written wherever its boxd credential is; undefined without an egress key.
+   */
+  egressProxy(podName: string, nonce: string): string | undefined {
+    return this.deps.egressKey ? egressProxyCredential(this.deps.egressKey, this.deps.namespace, podName, nonce) : undefined;
   }
 
   /** boxd's credential for a box pod (see common/boxd.ts). */
