@@ -2,7 +2,8 @@
 // pool reach the internet through (docs/egress.md). This file only wires the packages together.
 //
 //	egress-gateway [serve]           serve (flags below, each with an EGRESS_* environment default)
-//	egress-gateway credential BOXID  print BOXID's proxy credential under the key file's first key
+//	egress-gateway credential NAMESPACE POD NONCE
+//	                                 print a box pod's proxy credential under the key file's first key
 //	egress-gateway version
 package main
 
@@ -12,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -139,7 +141,7 @@ func main() {
 			return
 		}
 	case "credential":
-		err = printCredential(args)
+		err = printCredential(args, os.Stdout)
 	case "version":
 		fmt.Println(version)
 	}
@@ -149,15 +151,15 @@ func main() {
 	}
 }
 
-func printCredential(args []string) error {
-	if len(args) != 1 {
-		return errors.New("usage: EGRESS_KEY_FILE=PATH egress-gateway credential BOXID")
+func printCredential(args []string, out io.Writer) error {
+	if len(args) != 3 || args[0] == "" || args[1] == "" || args[2] == "" {
+		return errors.New("usage: EGRESS_KEY_FILE=PATH egress-gateway credential NAMESPACE POD NONCE")
 	}
 	keys, err := identity.LoadKeys(env("EGRESS_KEY_FILE", ""))
 	if err != nil {
 		return err
 	}
-	fmt.Println(keys.Credential(args[0]))
+	fmt.Fprintln(out, keys.Credential(identity.Pod{Namespace: args[0], Name: args[1], Nonce: args[2]}))
 	return nil
 }
 

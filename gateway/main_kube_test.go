@@ -35,8 +35,9 @@ func TestServeKubernetesSource(t *testing.T) {
 	api.Put("sandboxpools", map[string]any{"metadata": map[string]any{"name": "p1"},
 		"spec": map[string]any{"namespace": "sb", "egress": map[string]any{"mode": "gateway",
 			"domains": map[string]any{"allow": []any{"127.0.0.1", "allowed.test"}, "deny": []any{"denied.test"}}}}})
-	api.Put("pods", map[string]any{"metadata": map[string]any{"name": "box-a", "namespace": "sb",
-		"labels": map[string]any{"sandbox-bridge.io/box": "true", "sandbox-bridge.io/box-id": "box-a", "sandbox-bridge.io/pool": "p1"}},
+	api.Put("pods", map[string]any{"metadata": map[string]any{"name": "box-a-0", "namespace": "sb",
+		"annotations": map[string]any{"sandbox-bridge.io/boxd-nonce": "0a1b"},
+		"labels":      map[string]any{"sandbox-bridge.io/box": "true", "sandbox-bridge.io/box-id": "box-a", "sandbox-bridge.io/pool": "p1"}},
 		"status": map[string]any{"phase": "Running", "podIP": "127.0.0.1"}})
 	record := func(annotations map[string]any) map[string]any {
 		return map[string]any{"metadata": map[string]any{"name": "box-a", "namespace": "sb", "annotations": annotations,
@@ -100,7 +101,7 @@ func TestServeKubernetesSource(t *testing.T) {
 		t.Fatalf("first /readyz answer %d, want 503 before the first lists", first)
 	}
 
-	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("box-a:"+keys.Credential("box-a")))
+	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("box-a-0:"+keys.Credential(identity.Pod{Namespace: "sb", Name: "box-a-0", Nonce: "0a1b"})))
 	connect := func(target string) (int, string) {
 		conn, err := net.Dial("tcp", proxyAddr)
 		if err != nil {

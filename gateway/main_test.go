@@ -84,3 +84,20 @@ func TestRefusePrivate(t *testing.T) {
 		}
 	}
 }
+
+// The credential subcommand prints the shared vector's credential (identity v2: namespace, pod, nonce).
+func TestCredentialCommand(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "keys")
+	os.WriteFile(keyFile, []byte("0123456789abcdef0123456789abcdef\nanother-key-that-only-verifies-0123456789\n"), 0o600)
+	t.Setenv("EGRESS_KEY_FILE", keyFile)
+	var out strings.Builder
+	if err := printCredential([]string{"sbx", "box-abc-0", "00ff"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != "p6eFeIqBXJEbLtPCt1SCB6xwj4Ra_mIAk24AU5sXV8M\n" {
+		t.Fatalf("credential sbx box-abc-0 00ff = %q", out.String())
+	}
+	if err := printCredential([]string{"box-abc"}, &out); err == nil || !strings.Contains(err.Error(), "NAMESPACE POD NONCE") {
+		t.Fatalf("one argument (the v1 form): %v", err)
+	}
+}

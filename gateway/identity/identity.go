@@ -1,13 +1,17 @@
-// Package identity checks who is asking the gateway: a box presents its box id and a per-box
-// proxy credential (Proxy-Authorization: Basic base64(box-id ":" credential)), and the proxy also
-// checks that the connection comes from the box's pod IP. The credential is derived, not stored:
+// Package identity checks who is asking the gateway: a box presents its pod's name and a per-pod
+// proxy credential (Proxy-Authorization: Basic base64(pod-name ":" credential)), and the proxy
+// also checks that the connection comes from that pod's IP. The credential is derived, not stored
+// (identity "v2"; common/egress-proxy.ts egressProxyCredential computes the same):
 //
-//	credential = base64url-unpadded( HMAC-SHA256( key, "sandbox-bridge egress v1\n" + box-id ) )
+//	credential = base64url-unpadded( HMAC-SHA256( key,
+//	                 "sandbox-bridge egress v2\n" + namespace + "/" + pod-name + "/" + nonce ) )
 //
-// so the gateway verifies it with its key alone, and whoever creates boxes (the bridge, the
-// operator) computes it with the same key. A key file holds one or more keys, one per line
-// (base64 or raw text, at least 32 bytes each): the first signs, every one verifies, so keys
-// rotate without a window where a box's credential is refused.
+// nonce is the pod's public annotation sandbox-bridge.io/boxd-nonce, new for every pod, so a
+// credential is bound to one pod: a box's next pod (a wake) or a warm pod claimed later gets its
+// own, and an old one is useless. The gateway verifies it with its key alone, and whoever creates
+// box pods (the bridge, the operator) computes it with the same key. A key file holds one or more
+// keys, one per line (at least 32 bytes each): the first signs, every one verifies, so keys rotate
+// without a window where a box's credential is refused.
 package identity
 
 import (
@@ -25,7 +29,7 @@ import (
 // Realm is sent with 407 answers.
 const Realm = "sandbox-bridge egress"
 
-const context = "sandbox-bridge egress v1\n"
+const context = "sandbox-bridge egress v2\n"
 
 // MinKeyBytes is the shortest key accepted.
 const MinKeyBytes = 32
@@ -69,29 +73,35 @@ func LoadKeys(path string) (*Keys, error) {
 	return k, nil
 }
 
-func mac(key []byte, boxID string) []byte {
+// Pod is what a credential is bound to: a box pod's namespace, name and boxd nonce.
+type Pod struct {
+	Namespace, Name, Nonce string
+}
+
+func mac(key []byte, p Pod) []byte {
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte(context))
-	m.Write([]byte(boxID))
+	m.Write([]byte(p.Namespace + "/" + p.Name + "/" + p.Nonce))
 	return m.Sum(nil)
 }
 
-// Credential returns box boxID's proxy credential under the first key.
-func (k *Keys) Credential(boxID string) string {
-	return base64.RawURLEncoding.EncodeToString(mac(k.keys[0], boxID))
+// Credential returns pod p's proxy credential under the first key.
+func (k *Keys) Credential(p Pod) string {
+	return base64.RawURLEncoding.EncodeToString(mac(k.keys[0], p))
 }
 
-// Valid reports whether presented is boxID's credential under any key, in constant time per key.
-func (k *Keys) Valid(boxID, presented string) bool {
+// Valid reports whether presented is pod p's credential under any key, in constant time per key.
+// A pod with an empty part (no nonce annotation, say) has no valid credential.
+func (k *Keys) Valid(p Pod, presented string) bool {
 	got, err := base64.RawURLEncoding.DecodeString(presented)
-	if err != nil || boxID == "" {
+	if err != nil || p.Namespace == "" || p.Name == "" || p.Nonce == "" {
 		got = nil
 	}
 	ok := false
 	for _, key := range k.keys {
 		// hmac.Equal is constant-time (a wrong length is refused at once, which tells nothing:
 		// the length is public); every key is tried, so the time does not say which matched.
-		if hmac.Equal(mac(key, boxID), got) {
+		if hmac.Equal(mac(key, p), got) {
 			ok = true
 		}
 	}

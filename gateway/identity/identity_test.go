@@ -20,10 +20,23 @@ func TestCredentialFormula(t *testing.T) {
 	}
 	// The documented formula, written out independently: the bridge/operator must agree.
 	m := hmac.New(sha256.New, key1)
-	m.Write([]byte("sandbox-bridge egress v1\nbox-abc"))
+	m.Write([]byte("sandbox-bridge egress v2\nsb/box-abc-0/n0nce"))
 	want := base64.RawURLEncoding.EncodeToString(m.Sum(nil))
-	if got := k.Credential("box-abc"); got != want {
+	if got := k.Credential(Pod{"sb", "box-abc-0", "n0nce"}); got != want {
 		t.Fatalf("Credential = %q, want %q", got, want)
+	}
+}
+
+// The vector common/egress-proxy.test.ts checks too (docs: the egress contract, section 1): the
+// two implementations agree byte for byte.
+func TestSharedVector(t *testing.T) {
+	k, err := NewKeys([]byte("0123456789abcdef0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "p6eFeIqBXJEbLtPCt1SCB6xwj4Ra_mIAk24AU5sXV8M"
+	if got := k.Credential(Pod{Namespace: "sbx", Name: "box-abc-0", Nonce: "00ff"}); got != want {
+		t.Fatalf("Credential(sbx, box-abc-0, 00ff) = %q, want %q", got, want)
 	}
 }
 
@@ -33,26 +46,34 @@ func TestValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := k.Credential("box-a")
+	podA := Pod{"sb", "box-a-0", "aa01"}
+	a := k.Credential(podA)
 	cases := []struct {
-		box, cred string
-		want      bool
+		pod  Pod
+		cred string
+		want bool
 	}{
-		{"box-a", a, true},
-		{"box-a", old.Credential("box-a"), true},
-		{"box-b", a, false},
-		{"box-a", a[:len(a)-1], false},
-		{"box-a", a + "A", false},
-		{"box-a", "", false},
-		{"", k.Credential(""), false},
-		{"box-a", "!!!", false},
+		{podA, a, true},
+		{podA, old.Credential(podA), true},
+		{Pod{"sb", "box-b-0", "aa01"}, a, false},  // another pod
+		{Pod{"sb2", "box-a-0", "aa01"}, a, false}, // the same name in another namespace
+		{Pod{"sb", "box-a-0", "aa02"}, a, false},  // the box's next pod (a wake): a new nonce
+		{Pod{"sb", "box-a-0/aa01", ""}, a, false}, // no nonce: never valid
+		{Pod{"sb/box-a-0", "aa01", ""}, a, false}, // nor with the parts shifted
+		{Pod{"", "sb/box-a-0", "aa01"}, a, false}, // nor an empty namespace
+		{podA, a[:len(a)-1], false},
+		{podA, a + "A", false},
+		{podA, "", false},
+		{Pod{}, k.Credential(Pod{}), false},
+		{Pod{"sb", "box-a-0", ""}, k.Credential(Pod{"sb", "box-a-0", ""}), false}, // a pod without a nonce has none
+		{podA, "!!!", false},
 	}
 	for _, c := range cases {
-		if got := k.Valid(c.box, c.cred); got != c.want {
-			t.Errorf("Valid(%q, %q) = %v, want %v", c.box, c.cred, got, c.want)
+		if got := k.Valid(c.pod, c.cred); got != c.want {
+			t.Errorf("Valid(%+v, %q) = %v, want %v", c.pod, c.cred, got, c.want)
 		}
 	}
-	if newOnly, _ := NewKeys(key2); newOnly.Valid("box-a", old.Credential("box-a")) {
+	if newOnly, _ := NewKeys(key2); newOnly.Valid(podA, old.Credential(podA)) {
 		t.Error("a retired key must not verify")
 	}
 }
@@ -70,7 +91,7 @@ func TestLoadKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	want, _ := NewKeys(key2)
-	if k.Credential("x") != want.Credential("x") {
+	if x := (Pod{"ns", "x", "1"}); k.Credential(x) != want.Credential(x) {
 		t.Error("the first line's key must sign")
 	}
 }

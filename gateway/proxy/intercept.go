@@ -81,7 +81,7 @@ func (p *Proxy) exchange(conn net.Conn, req *http.Request, rec *record, host, hp
 	defer req.Body.Close()
 	st := p.cfg.Source.Current()
 	box := st.Boxes[rec.box]
-	if box == nil || box.Addr() != rec.client {
+	if box == nil || box.Addr() != rec.client || box.Pod != rec.pod {
 		writeAnswer(conn, http.StatusProxyAuthRequired, "unauthorized", "this box is no longer registered at the gateway", host, "identity")
 		rec.rule = "identity"
 		return false

@@ -1,5 +1,5 @@
 // Package proxy is the gateway's data path: an HTTP proxy that boxes reach through HTTP_PROXY /
-// HTTPS_PROXY. Every request is identified (box id and credential in Proxy-Authorization, and
+// HTTPS_PROXY. Every request is identified (pod name and credential in Proxy-Authorization, and
 // the pod IP the connection comes from), decided by package policy against the current state of
 // package source, logged (one JSON line per connection or plain request, never a header value)
 // and counted. Then:
@@ -116,6 +116,7 @@ type record struct {
 	kind      string // "connect" or "http"
 	client    netip.Addr
 	box, host string
+	pod       string // the box's pod the connection was authenticated as
 	port      string
 	decision  string // allow, intercept, deny, unauthenticated, error
 	rule      string
@@ -178,31 +179,31 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, rec, http.StatusServiceUnavailable, "cluster_unavailable", "the gateway has no policy loaded yet")
 		return
 	}
+	// Identity: the box pod at the connection's address, named in the user field, with the
+	// credential bound to that pod (namespace, name, nonce).
 	user, pass, _ := identity.ParseBasic(r.Header.Get("Proxy-Authorization"))
-	valid := p.cfg.Keys.Valid(user, pass)
-	box := st.Boxes[user]
-	if !valid || box == nil || box.Addr() != rec.client {
-		// One answer for a missing credential, a bad one and a good one used from another
-		// address: the box learns nothing about which it was.
+	boxID := st.BoxAt(rec.client)
+	box := st.Boxes[boxID]
+	if box == nil || user != box.Pod || !p.cfg.Keys.Valid(box.Identity(), pass) {
+		// One answer for a missing credential, a bad one, an unknown pod and a good one used
+		// from another address: the box learns nothing about which it was.
 		rec.decision, rec.rule = "unauthenticated", "identity"
-		if box != nil {
-			// Only a known box id is logged: a misplaced credential in the user field never is.
-			rec.claimed = user
-		}
+		// Only a known box is logged: a misplaced credential in the user field never is.
+		rec.claimed = st.PodBox(user)
 		w.Header().Set("Proxy-Authenticate", `Basic realm="`+identity.Realm+`"`)
 		p.refuse(w, rec, http.StatusProxyAuthRequired, "unauthorized",
-			"a box's proxy credential is required (Proxy-Authorization: Basic box-id:credential) from the box's own address")
+			"a box's proxy credential is required (Proxy-Authorization: Basic pod-name:credential) from the box pod's own address")
 		return
 	}
-	rec.box = user
-	if !p.acquire(user) {
+	rec.box, rec.pod = boxID, box.Pod
+	if !p.acquire(boxID) {
 		rec.decision, rec.rule = "deny", "box:connections"
 		w.Header().Set("Retry-After", "1")
 		p.refuse(w, rec, http.StatusTooManyRequests, "rate_limited",
 			fmt.Sprintf("this box has %d connections open through the gateway, the most it may", p.cfg.MaxConnsPerBox))
 		return
 	}
-	defer p.release(user)
+	defer p.release(boxID)
 	if r.Method == http.MethodConnect {
 		p.connect(w, r, rec, st, box)
 		return

@@ -46,10 +46,10 @@ const basePolicy = `{
     "plainHttp": ["plain.test"]
   }},
   "boxes": {
-    "box-a": {"pool": "p", "ip": "127.0.0.1",
+    "box-a": {"pool": "p", "ip": "127.0.0.1", "pod": "box-a-pod", "namespace": "sb", "nonce": "a1",
               "credentials": {"secure.test": {"Authorization": "` + secretToken + `", "x-api-key": "` + secretKey + `"},
                               "rogue.test": {"Authorization": "` + secretToken + `"}}},
-    "box-b": {"pool": "p", "ip": "127.0.0.9"}
+    "box-b": {"pool": "p", "ip": "127.0.0.9", "pod": "box-b-pod", "namespace": "sb", "nonce": "b1"}
   }
 }`
 
@@ -224,7 +224,8 @@ func (h *harness) client(box string) *http.Client {
 	roots := x509.NewCertPool()
 	roots.AddCert(h.hostCA.Cert)
 	roots.AddCert(h.gwCA.Cert)
-	proxyURL := &url.URL{Scheme: "http", Host: h.proxyAddr, User: url.UserPassword(box, h.keys.Credential(box))}
+	pod := podOf(box)
+	proxyURL := &url.URL{Scheme: "http", Host: h.proxyAddr, User: url.UserPassword(pod.Name, h.keys.Credential(pod))}
 	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		Proxy:             http.ProxyURL(proxyURL),
 		TLSClientConfig:   &tls.Config{RootCAs: roots},
@@ -276,7 +277,13 @@ func (h *harness) connect(target, auth string) (*http.Response, net.Conn, *bufio
 }
 
 func (h *harness) basic(box string) string {
-	return basicOf(box, h.keys.Credential(box))
+	return basicOf(podOf(box).Name, h.keys.Credential(podOf(box)))
+}
+
+// podOf is the pod a test box of basePolicy runs in (its proxy credential is bound to it).
+func podOf(box string) identity.Pod {
+	nonce := map[string]string{"box-a": "a1", "box-b": "b1", "box-c": "c1"}[box]
+	return identity.Pod{Namespace: "sb", Name: box + "-pod", Nonce: nonce}
 }
 
 func basicOf(user, pass string) string {
@@ -441,13 +448,17 @@ func TestSNIMismatchAndMissingRefused(t *testing.T) {
 
 func TestMissingOrBadCredential407(t *testing.T) {
 	h := newHarness(t)
-	cred := h.keys.Credential("box-a")
+	cred := h.keys.Credential(podOf("box-a"))
 	for name, auth := range map[string]string{
-		"none":               "",
-		"wrong credential":   basicOf("box-a", cred[:len(cred)-2]+"AA"),
-		"unknown box":        basicOf("box-z", h.keys.Credential("box-z")),
-		"not basic":          "Bearer " + cred,
-		"box-b's as box-a's": basicOf("box-a", h.keys.Credential("box-b")),
+		"none":                              "",
+		"wrong credential":                  basicOf("box-a-pod", cred[:len(cred)-2]+"AA"),
+		"unknown pod":                       basicOf("box-z-pod", h.keys.Credential(identity.Pod{Namespace: "sb", Name: "box-z-pod", Nonce: "z1"})),
+		"not basic":                         "Bearer " + cred,
+		"box id as user":                    basicOf("box-a", cred),
+		"box-b's credential as box-a's pod": basicOf("box-a-pod", h.keys.Credential(podOf("box-b"))),
+		// The box's previous pod (before a wake: another nonce) or a namesake in another namespace.
+		"a previous pod's":    basicOf("box-a-pod", h.keys.Credential(identity.Pod{Namespace: "sb", Name: "box-a-pod", Nonce: "a0"})),
+		"another namespace's": basicOf("box-a-pod", h.keys.Credential(identity.Pod{Namespace: "sb2", Name: "box-a-pod", Nonce: "a1"})),
 	} {
 		resp, _, _ := h.connect("api.test:443", auth)
 		if resp.StatusCode != 407 || !strings.HasPrefix(resp.Header.Get("Proxy-Authenticate"), "Basic ") {
@@ -455,8 +466,8 @@ func TestMissingOrBadCredential407(t *testing.T) {
 		}
 	}
 	// A credential misplaced into the user field (the box id into the password) is not logged.
-	h.connect("api.test:443", basicOf(cred, "box-a"))
-	h.waitDecisions("api.test", 6)
+	h.connect("api.test:443", basicOf(cred, "box-a-pod"))
+	h.waitDecisions("api.test", 9)
 	if strings.Contains(h.logText(), cred) {
 		t.Fatal("a credential reached the log")
 	}
@@ -530,7 +541,7 @@ func TestPolicyChangeWithoutRestart(t *testing.T) {
 	}
 	// Narrow box-a to a.example.test only; deny api.test for the pool.
 	h.setPolicy(strings.Replace(strings.Replace(basePolicy, `"deny": ["bad.example.test"]`, `"deny": ["bad.example.test", "api.test"]`, 1),
-		`"box-b": {`, `"box-c": {"pool": "p", "ip": "127.0.0.3"}, "box-b": {`, 1))
+		`"box-b": {`, `"box-c": {"pool": "p", "ip": "127.0.0.3", "pod": "box-c-pod", "namespace": "sb", "nonce": "c1"}, "box-b": {`, 1))
 	start := time.Now()
 	for {
 		resp, _, _ := h.connect("api.test:443", h.basic("box-a"))

@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"net"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -48,7 +47,7 @@ func (p *Proxy) revoke(st *source.State) int {
 	p.open.mu.Lock()
 	var closing []*tunnel
 	for t := range p.open.set {
-		if rule := stillAllowed(st, t.rec.box, t.rec.client, t.rec.host); rule != "" {
+		if rule := stillAllowed(st, t.rec, t.rec.host); rule != "" {
 			t.once.Do(func() { t.rec.revoked = rule })
 			closing = append(closing, t)
 		}
@@ -60,10 +59,11 @@ func (p *Proxy) revoke(st *source.State) int {
 	return len(closing)
 }
 
-// stillAllowed returns "" when box at client may still reach host under st, else the rule.
-func stillAllowed(st *source.State, boxID string, client netip.Addr, host string) string {
-	box := st.Boxes[boxID]
-	if box == nil || box.Addr() != client {
+// stillAllowed returns "" when the box of rec (the same pod at the same address) may still reach
+// host under st, else the rule.
+func stillAllowed(st *source.State, rec *record, host string) string {
+	box := st.Boxes[rec.box]
+	if box == nil || box.Addr() != rec.client || box.Pod != rec.pod {
 		return "identity"
 	}
 	if d := policy.Decide(st.Pools[box.Pool], box.Policy(), host, false); !d.Allow {

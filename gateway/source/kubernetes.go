@@ -29,7 +29,8 @@ const (
 	LabelComponent    = "app.kubernetes.io/component"
 	ComponentRecord   = "box-record" // a box's record Secret, named after the box id
 	AnnotationEgress  = "sandbox-bridge.io/egress"
-	CredentialsKey    = "egress-credentials" // the record's data key (common/box-egress.ts)
+	AnnotationNonce   = "sandbox-bridge.io/boxd-nonce" // on a box pod: public, part of its proxy credential
+	CredentialsKey    = "egress-credentials"           // the record's data key (common/box-egress.ts)
 	PoolResourcePath  = "/apis/sandbox-bridge.io/v1alpha1/sandboxpools"
 	EgressModeGateway = "gateway"
 )
@@ -43,8 +44,10 @@ const (
 // What it reads (docs/egress.md "Where the policy lives"; common/box-egress.ts writes them):
 //   - a pool: spec.namespace, spec.egress.mode (only "gateway" pools are served: a direct-mode
 //     pool's boxes are unknown to the gateway, 407) and spec.egress.domains.{allow,deny,plainHttp};
-//   - a pod: the box id and pool labels, status.podIP; only pods in their pool's namespace,
-//     not finished, not on the host network; two pods claiming one IP are both left out;
+//   - a pod: the box id and pool labels, its name, uid and sandbox-bridge.io/boxd-nonce
+//     annotation (the proxy credential is bound to namespace, name and nonce), status.podIP;
+//     only pods in their pool's namespace, not finished, not on the host network; two pods
+//     claiming one IP are both left out;
 //   - a record's sandbox-bridge.io/egress annotation, JSON {"allow": [...], "deny": [...]}: the
 //     box's narrowing (absent, or no "allow": the pool's list);
 //   - with Credentials, the record's data key egress-credentials, JSON {host: {header: value}}.
@@ -186,6 +189,7 @@ type kubePool struct {
 // kubePod is what it keeps of a box pod.
 type kubePod struct {
 	Namespace, Name, BoxID, Pool string
+	UID, Nonce                   string
 	IP                           netip.Addr
 	Deleting                     bool
 	Created                      string
@@ -231,7 +235,9 @@ func decodePod(raw json.RawMessage) (kubePod, bool, error) {
 		Metadata struct {
 			Name              string            `json:"name"`
 			Namespace         string            `json:"namespace"`
+			UID               string            `json:"uid"`
 			Labels            map[string]string `json:"labels"`
+			Annotations       map[string]string `json:"annotations"`
 			DeletionTimestamp *string           `json:"deletionTimestamp"`
 			CreationTimestamp string            `json:"creationTimestamp"`
 		} `json:"metadata"`
@@ -260,7 +266,7 @@ func decodePod(raw json.RawMessage) (kubePod, bool, error) {
 	}
 	return kubePod{
 		Namespace: o.Metadata.Namespace, Name: o.Metadata.Name, BoxID: l[LabelBoxID], Pool: l[LabelPool],
-		IP: ip.Unmap(), Deleting: o.Metadata.DeletionTimestamp != nil, Created: o.Metadata.CreationTimestamp,
+		UID: o.Metadata.UID, Nonce: o.Metadata.Annotations[AnnotationNonce], IP: ip.Unmap(), Deleting: o.Metadata.DeletionTimestamp != nil, Created: o.Metadata.CreationTimestamp,
 	}, true, nil
 }
 
@@ -394,7 +400,10 @@ func buildState(pools map[string]kubePool, pods []kubePod, records map[string]ku
 		if !ok || ns != p.Namespace {
 			continue // not a gateway pool's box, or a pod outside its pool's namespace
 		}
-		b := &Box{Pool: p.Pool, IP: p.IP.String(), ip: p.IP}
+		b := &Box{Pool: p.Pool, IP: p.IP.String(), ip: p.IP, Pod: p.Name, Namespace: p.Namespace, Nonce: p.Nonce, UID: p.UID}
+		if p.Nonce == "" {
+			warnings = append(warnings, fmt.Sprintf("box %q: pod %s has no %s annotation; its proxy credential cannot be checked (407)", p.BoxID, p.Name, AnnotationNonce))
+		}
 		if r, ok := records[p.Namespace+"/"+p.BoxID]; ok && r.Set {
 			b.Allow, b.Deny = r.Allow, r.Deny
 			if r.Err != "" {
@@ -433,6 +442,7 @@ func buildState(pools map[string]kubePool, pods []kubePod, records map[string]ku
 		}
 		s.byIP[ip] = ids[0]
 	}
+	s.index()
 	return s, warnings
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"sandbox-bridge.io/gateway/identity"
 	"sandbox-bridge.io/gateway/internal/kubetest"
 	"sandbox-bridge.io/gateway/kube"
 	"sandbox-bridge.io/gateway/policy"
@@ -30,6 +31,7 @@ func boxPod(ns, name, boxID, pool, ip string) map[string]any {
 		labels[LabelBoxID] = boxID
 	}
 	return map[string]any{"metadata": map[string]any{"name": name, "namespace": ns, "labels": labels,
+		"uid": "uid-" + name, "annotations": map[string]any{AnnotationNonce: "n-" + name},
 		"creationTimestamp": "2026-11-25T03:00:00Z"},
 		"spec":   map[string]any{"containers": []any{map[string]any{"name": "box", "image": "python"}}},
 		"status": map[string]any{"phase": "Running", "podIP": ip}}
@@ -101,6 +103,12 @@ func TestKubernetesSource(t *testing.T) {
 	if len(s.Boxes) != 3 || s.Boxes["box-a"] == nil || s.Boxes["box-g"] == nil || s.Boxes["box-h"] == nil {
 		t.Fatalf("boxes %v, want box-a, box-g, box-h (warm, direct pool, wrong namespace, finished, shared IP left out)", ids)
 	}
+	if got := s.Boxes["box-a"]; got.Identity() != (identity.Pod{Namespace: "sb", Name: "box-a", Nonce: "n-box-a"}) || got.UID != "uid-box-a" {
+		t.Fatalf("box-a's pod: %+v uid %q", got.Identity(), got.UID)
+	}
+	if s.PodBox("box-a") != "box-a" || s.PodBox("warm-1") != "" {
+		t.Fatalf("PodBox: %q %q", s.PodBox("box-a"), s.PodBox("warm-1"))
+	}
 	if _, ok := s.Pools["p2"]; ok {
 		t.Fatal("a direct-mode pool is served")
 	}
@@ -133,7 +141,7 @@ func TestKubernetesSource(t *testing.T) {
 	// no State; the next real change does.
 	builds := k.Builds()
 	busy := boxPod("sb", "box-a", "box-a", "p1", "10.0.0.1")
-	busy["metadata"].(map[string]any)["annotations"] = map[string]any{"sandbox-bridge.io/last-active": "2026-11-25T03:10:00Z"}
+	busy["metadata"].(map[string]any)["annotations"].(map[string]any)["sandbox-bridge.io/last-active"] = "2026-11-25T03:10:00Z"
 	api.Put("pods", busy)
 	api.Put("pods", boxPod("sb", "box-z", "box-z", "p1", "10.0.0.99"))
 	waitFor(t, func() bool { return k.Current().Boxes["box-z"] != nil })

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"sort"
 
+	"sandbox-bridge.io/gateway/identity"
 	"sandbox-bridge.io/gateway/policy"
 )
 
@@ -25,15 +26,21 @@ type State struct {
 	Pools map[string]policy.Pool `json:"pools"`
 	Boxes map[string]*Box        `json:"boxes"`
 
-	byIP map[netip.Addr]string
+	byIP  map[netip.Addr]string
+	byPod map[string]string // pod name -> box id ("" when boxes of two namespaces share the name)
 }
 
-// Box is one box: its pool, its pod IP, its narrowing of the pool's policy and the headers to
-// inject per host (host name, exact, -> header name -> value). Header values are secrets: they
-// are never logged, and nothing prints a State.
+// Box is one box: its pool, its pod (IP, namespace, name, boxd nonce: what its proxy credential
+// is bound to), its narrowing of the pool's policy and the headers to inject per host (host name,
+// exact, -> header name -> value). Header values are secrets: they are never logged, and nothing
+// prints a State.
 type Box struct {
 	Pool        string                       `json:"pool"`
 	IP          string                       `json:"ip"`
+	Pod         string                       `json:"pod"`
+	Namespace   string                       `json:"namespace"`
+	Nonce       string                       `json:"nonce"`
+	UID         string                       `json:"uid,omitempty"` // the pod's uid (Events name it)
 	Allow       []string                     `json:"allow,omitempty"`
 	Deny        []string                     `json:"deny,omitempty"`
 	Credentials map[string]map[string]string `json:"credentials,omitempty"`
@@ -47,6 +54,11 @@ func (b *Box) Policy() policy.Box { return policy.Box{Allow: b.Allow, Deny: b.De
 // Addr is the box's pod IP.
 func (b *Box) Addr() netip.Addr { return b.ip }
 
+// Identity is what the box's proxy credential is bound to.
+func (b *Box) Identity() identity.Pod {
+	return identity.Pod{Namespace: b.Namespace, Name: b.Pod, Nonce: b.Nonce}
+}
+
 // Headers returns the headers registered for host (already normalized), nil when none.
 func (b *Box) Headers(host string) map[string]string {
 	if b == nil {
@@ -57,6 +69,22 @@ func (b *Box) Headers(host string) map[string]string {
 
 // BoxAt returns the id of the box whose pod IP is ip, "" when none.
 func (s *State) BoxAt(ip netip.Addr) string { return s.byIP[ip.Unmap()] }
+
+// PodBox returns the id of the box whose pod is called name, "" when none or more than one (for
+// the decision log: which known box a refused request claimed to be).
+func (s *State) PodBox(name string) string { return s.byPod[name] }
+
+// index fills byPod from Boxes.
+func (s *State) index() {
+	s.byPod = make(map[string]string, len(s.Boxes))
+	for id, b := range s.Boxes {
+		if _, dup := s.byPod[b.Pod]; dup {
+			s.byPod[b.Pod] = ""
+			continue
+		}
+		s.byPod[b.Pod] = id
+	}
+}
 
 // Parse decodes and checks a state document (the File format, see README). Problems that make
 // the document unusable are errors; box allow entries outside their pool's allow list are only
@@ -95,6 +123,9 @@ func Parse(b []byte) (*State, []string, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("box %q: ip: %w", id, err)
 		}
+		if box.Pod == "" || box.Namespace == "" || box.Nonce == "" {
+			return nil, nil, fmt.Errorf("box %q: pod, namespace and nonce are required (its proxy credential is bound to them)", id)
+		}
 		box.ip = ip.Unmap()
 		if other, dup := s.byIP[box.ip]; dup {
 			return nil, nil, fmt.Errorf("boxes %q and %q have the same IP %s", other, id, box.ip)
@@ -128,6 +159,7 @@ func Parse(b []byte) (*State, []string, error) {
 		}
 		box.Credentials = creds
 	}
+	s.index()
 	return &s, warnings, nil
 }
 

@@ -13,7 +13,7 @@ import (
 const doc = `{
   "pools": {"p": {"allow": ["*.example.test", "api.test"], "deny": ["bad.example.test"]}},
   "boxes": {
-    "box-a": {"pool": "p", "ip": "10.0.0.1", "allow": ["api.test", "other.test"],
+    "box-a": {"pool": "p", "ip": "10.0.0.1", "pod": "box-a-0", "namespace": "sb", "nonce": "0a", "allow": ["api.test", "other.test"],
               "credentials": {"API.test.": {"authorization": "Bearer s3cret"}}}
   }
 }`
@@ -29,17 +29,27 @@ func TestParse(t *testing.T) {
 	if h := s.Boxes["box-a"].Headers("api.test"); h["Authorization"] != "Bearer s3cret" {
 		t.Fatalf("credentials not normalized by host and header name: %v", len(h))
 	}
+	if s.PodBox("box-a-0") != "box-a" || s.Boxes["box-a"].Identity().Nonce != "0a" {
+		t.Fatalf("the box's pod: %q %+v", s.PodBox("box-a-0"), s.Boxes["box-a"].Identity())
+	}
 	if len(warnings) != 1 || !strings.Contains(warnings[0], "other.test") {
 		t.Fatalf("warnings = %q", warnings)
 	}
+	const pod = `"pod":"b-0","namespace":"sb","nonce":"1"`
 	bad := map[string]string{
-		"unknown pool":   `{"pools":{},"boxes":{"b":{"pool":"x","ip":"10.0.0.1"}}}`,
-		"bad ip":         `{"pools":{"p":{}},"boxes":{"b":{"pool":"p","ip":"nope"}}}`,
-		"duplicate ip":   `{"pools":{"p":{}},"boxes":{"a":{"pool":"p","ip":"10.0.0.1"},"b":{"pool":"p","ip":"10.0.0.1"}}}`,
+		"unknown pool":   `{"pools":{},"boxes":{"b":{"pool":"x","ip":"10.0.0.1",` + pod + `}}}`,
+		"bad ip":         `{"pools":{"p":{}},"boxes":{"b":{"pool":"p","ip":"nope",` + pod + `}}}`,
+		"duplicate ip":   `{"pools":{"p":{}},"boxes":{"a":{"pool":"p","ip":"10.0.0.1",` + pod + `},"b":{"pool":"p","ip":"10.0.0.1","pod":"b-1","namespace":"sb","nonce":"2"}}}`,
 		"bad pattern":    `{"pools":{"p":{"allow":["a.*.test"]}}}`,
-		"framing header": `{"pools":{"p":{}},"boxes":{"b":{"pool":"p","ip":"10.0.0.1","credentials":{"a.test":{"Host":"x"}}}}}`,
-		"newline value":  `{"pools":{"p":{}},"boxes":{"b":{"pool":"p","ip":"10.0.0.1","credentials":{"a.test":{"X-Key":"a\nb"}}}}}`,
+		"framing header": `{"pools":{"p":{}},"boxes":{"b":{"pool":"p","ip":"10.0.0.1",` + pod + `,"credentials":{"a.test":{"Host":"x"}}}}}`,
+		"newline value":  `{"pools":{"p":{}},"boxes":{"b":{"pool":"p","ip":"10.0.0.1",` + pod + `,"credentials":{"a.test":{"X-Key":"a\nb"}}}}}`,
+		"no nonce":       `{"pools":{"p":{}},"boxes":{"b":{"pool":"p","ip":"10.0.0.1","pod":"b-0","namespace":"sb"}}}`,
+		"no pod":         `{"pools":{"p":{}},"boxes":{"b":{"pool":"p","ip":"10.0.0.1","namespace":"sb","nonce":"1"}}}`,
 		"not json":       `{`,
+	}
+	good := `{"pools":{"p":{}},"boxes":{"b":{"pool":"p","ip":"10.0.0.1",` + pod + `}}}`
+	if _, _, err := Parse([]byte(good)); err != nil {
+		t.Fatalf("the base of the bad cases must parse: %v", err)
 	}
 	for name, d := range bad {
 		if _, _, err := Parse([]byte(d)); err == nil {
