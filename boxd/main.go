@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"sandbox-bridge.io/boxd/auth"
+	"sandbox-bridge.io/boxd/cabundle"
 	"sandbox-bridge.io/boxd/mounts"
 	"sandbox-bridge.io/boxd/process"
 	"sandbox-bridge.io/boxd/server"
@@ -166,6 +167,19 @@ func serve() error {
 		protected = append(protected, filepath.Dir(self))
 	}
 
+	// Gateway-mode pools (docs/egress.md): the CA bundle the box's tools trust, written before the
+	// first command can run and kept in step with the pool CA until boxd stops.
+	bundleCtx, stopBundle := context.WithCancel(context.Background())
+	defer stopBundle()
+	if src, dst := os.Getenv("BOXD_EGRESS_CA"), os.Getenv("BOXD_CA_BUNDLE"); src != "" && dst != "" {
+		bundle := cabundle.New(cabundle.Config{Source: src, Bundle: dst, Log: log})
+		if err := bundle.Sync(); err != nil {
+			// The box still serves: a tool pointed at a missing bundle fails closed.
+			log.Warn("CA bundle not written", "error", err.Error())
+		}
+		go bundle.Run(bundleCtx)
+	}
+
 	ln, err := net.Listen("tcp", ":"+strconv.Itoa(cfg.port))
 	if err != nil {
 		return err
@@ -192,6 +206,7 @@ func serve() error {
 		// The box is going away: every process dies now (as PID 1: everything in the
 		// container), running streams end with an error frame, then boxd exits 0.
 		log.Info("boxd stopping", "signal", sig.String())
+		stopBundle()
 		procs.Shutdown()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

@@ -2,10 +2,15 @@ package main
 
 import (
 	"bytes"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestServeRefusesToStartWithoutAToken(t *testing.T) {
@@ -31,6 +36,61 @@ func TestServeRefusesToStartWithoutAToken(t *testing.T) {
 	}
 	if err := serve(); err == nil || !strings.Contains(err.Error(), "box env") {
 		t.Fatalf("bad env file: %v", err)
+	}
+}
+
+// With BOXD_EGRESS_CA and BOXD_CA_BUNDLE (a gateway-mode pool's box), serve writes the CA bundle
+// before it answers, and a SIGTERM still stops it.
+func TestServeWritesTheCABundle(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ca := "-----BEGIN CERTIFICATE-----\nPOOL\n-----END CERTIFICATE-----\n"
+	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), []byte(ca), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bundle := filepath.Join(dir, "ca-bundle.pem")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	t.Setenv("BOXD_SECRET_DIR", dir)
+	t.Setenv("BOXD_WORKDIR", dir)
+	t.Setenv("BOXD_PORT", strconv.Itoa(port))
+	t.Setenv("BOXD_EGRESS_CA", filepath.Join(dir, "ca.crt"))
+	t.Setenv("BOXD_CA_BUNDLE", bundle)
+	served := make(chan error, 1)
+	go func() { served <- serve() }()
+	deadline := time.Now().Add(5 * time.Second)
+	// An answer (not just a connection the kernel accepted) means serve is past its signal.Notify.
+	for {
+		if res, err := http.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/v1/health"); err == nil {
+			res.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("boxd did not answer")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Serving means the first bundle is there: the system bundle (if this host has one), then the pool CA.
+	got, err := os.ReadFile(bundle)
+	if err != nil || !strings.HasSuffix(string(got), ca) {
+		t.Fatalf("bundle %q %v", got, err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("serve did not stop on SIGTERM")
 	}
 }
 
