@@ -117,6 +117,9 @@ func parseFlags(args []string) (config, error) {
 		return c, errors.New("-key-file (EGRESS_KEY_FILE) is required")
 	case (c.caCert == "") != (c.caKey == ""):
 		return c, errors.New("-ca-cert and -ca-key go together")
+	case c.source == "kubernetes" && c.caCert != "":
+		// One CA for every pool would be one boxes do not trust (they trust their pool's).
+		return c, errors.New("-ca-cert and -ca-key go with -source=file; with -source=kubernetes each pool's CA is its Secret " + source.EgressCAName)
 	case c.maxConnsPerBox <= 0:
 		return c, errors.New("-max-conns-per-box must be a positive number")
 	case c.idle <= 0 || c.hello <= 0 || c.dial <= 0:
@@ -175,9 +178,9 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var ca *certs.Authority
+	var ca certs.Signer // -ca-cert: the file source's CA (with -source=kubernetes each pool's Secret)
 	if c.caCert != "" {
-		if ca, err = certs.New(c.caCert, c.caKey); err != nil {
+		if ca, err = certs.LoadFiles(c.caCert, c.caKey); err != nil {
 			return err
 		}
 	}
@@ -245,7 +248,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	go func() { errc <- proxySrv.Serve(pl) }()
 	go func() { errc <- metricsSrv.Serve(ml) }()
 	log.Info("egress-gateway serving", "version", version, "proxy", pl.Addr().String(), "metrics", ml.Addr().String(),
-		"interception", ca != nil, "private_upstreams", c.allowPrivateUpstreams)
+		"ca_files", ca != nil, "private_upstreams", c.allowPrivateUpstreams)
 	select {
 	case err = <-errc:
 	case <-ctx.Done():

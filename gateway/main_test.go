@@ -28,6 +28,7 @@ func TestParseFlags(t *testing.T) {
 		"-source etcd":         "want file or kubernetes",
 		"-source kubernetes -kube-server https://k:6443 -kubeconfig /k": "give one",
 		"-source kubernetes -kube-token-file /t":                        "go with -kube-server",
+		"-source kubernetes -ca-cert /c -ca-key /k":                     "go with -source=file",
 	} {
 		if _, err := parseFlags(strings.Fields(args)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", args, err, want)

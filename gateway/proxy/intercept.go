@@ -13,15 +13,26 @@ import (
 	"sync/atomic"
 	"time"
 
+	"sandbox-bridge.io/gateway/certs"
 	"sandbox-bridge.io/gateway/policy"
+	"sandbox-bridge.io/gateway/source"
 )
 
-// intercept terminates the box's TLS with a leaf for host from the CA, and forwards each
+// signer is the CA interception uses for a box of pool: the pool's own (from the State: a new
+// one is in force for the next connection), else the gateway's -ca-cert, else none.
+func (p *Proxy) signer(st *source.State, pool string) certs.Signer {
+	if a := st.CAs[pool]; a != nil {
+		return a
+	}
+	return p.cfg.CA
+}
+
+// intercept terminates the box's TLS with a leaf for host from ca, and forwards each
 // request to the real host over TLS (verified against UpstreamRoots) with the box's registered
 // headers set, replacing any the box sent under those names. The state is read again for every
 // request: a policy or credential change applies to the next request on an open connection.
-func (p *Proxy) intercept(w http.ResponseWriter, rec *record, host, port string) {
-	if p.cfg.CA == nil {
+func (p *Proxy) intercept(w http.ResponseWriter, rec *record, ca certs.Signer, host, port string) {
+	if ca == nil {
 		rec.decision, rec.rule = "error", "intercept:no-ca"
 		p.refuse(w, rec, http.StatusBadGateway, "bad_gateway",
 			fmt.Sprintf("credentials are registered for %s but the gateway has no CA to intercept with", host))
@@ -43,7 +54,7 @@ func (p *Proxy) intercept(w http.ResponseWriter, rec *record, host, port string)
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"http/1.1"},
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			c, err := p.cfg.CA.Leaf(host)
+			c, err := ca.Leaf(host)
 			if err != nil && c != nil {
 				p.cfg.Log.Error("CA files changed but do not load; the previous CA stays in force", "error", err.Error())
 				err = nil

@@ -37,9 +37,11 @@ import (
 type Config struct {
 	Source source.Source
 	Keys   *identity.Keys
-	// CA mints intercepted hosts' leaves; nil turns interception off (a box with credentials
-	// for a host is then refused there with 502: its requests would go out without them).
-	CA *certs.Authority
+	// CA mints intercepted hosts' leaves for boxes of pools the State has no CA for (a pool's
+	// own CA, State.CAs, wins); nil with none in the State turns interception off for the pool (a
+	// box with credentials for a host is then refused there with 502: its requests would go out
+	// without them).
+	CA certs.Signer
 	// UpstreamRoots verify the real hosts of intercepted connections; nil: the system roots.
 	UpstreamRoots *x509.CertPool
 	// Dial opens upstream connections; nil: a net.Dialer. The address is "host:port" as asked.

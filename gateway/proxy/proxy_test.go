@@ -70,11 +70,12 @@ type harness struct {
 	tlsAddr    string // every TLS test host name leads here
 	plainAddr  string // plain.test and api.test over plain HTTP lead here
 
-	mu      sync.Mutex
-	routes  map[string]string // host name -> address, before the defaults
-	log     bytes.Buffer
-	visits  []seen
-	dialled []string
+	mu         sync.Mutex
+	routes     map[string]string   // host name -> address, before the defaults
+	extraRoots []*x509.Certificate // more CAs the box's client trusts
+	log        bytes.Buffer
+	visits     []seen
+	dialled    []string
 }
 
 func (h *harness) Write(b []byte) (int, error) {
@@ -159,7 +160,7 @@ func newHarness(t testing.TB, opts ...func(*Config)) *harness {
 	go src.Run(ctx)
 
 	caCert, caKey := h.gwCA.Write(t, dir, "gateway-ca")
-	ca, err := certs.New(caCert, caKey)
+	ca, err := certs.LoadFiles(caCert, caKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,6 +225,9 @@ func (h *harness) client(box string) *http.Client {
 	roots := x509.NewCertPool()
 	roots.AddCert(h.hostCA.Cert)
 	roots.AddCert(h.gwCA.Cert)
+	for _, c := range h.extraRoots {
+		roots.AddCert(c)
+	}
 	pod := podOf(box)
 	proxyURL := &url.URL{Scheme: "http", Host: h.proxyAddr, User: url.UserPassword(pod.Name, h.keys.Credential(pod))}
 	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{

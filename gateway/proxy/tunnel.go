@@ -39,7 +39,7 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, rec *record, st 
 		return
 	}
 	if box.Headers(h) != nil {
-		p.intercept(w, rec, h, port)
+		p.intercept(w, rec, p.signer(st, box.Pool), h, port)
 		return
 	}
 	p.passThrough(w, r, rec, h, port)

@@ -2,8 +2,10 @@ package source
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -16,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"sandbox-bridge.io/gateway/certs"
 	"sandbox-bridge.io/gateway/kube"
 	"sandbox-bridge.io/gateway/policy"
 )
@@ -23,15 +26,19 @@ import (
 // The names sandbox-bridge stamps on Kubernetes objects that the gateway reads (common/labels.ts
 // is their one definition; these must say the same).
 const (
-	LabelBox          = "sandbox-bridge.io/box"    // "true" on box pods, warm pods and box Secrets
-	LabelBoxID        = "sandbox-bridge.io/box-id" // on a session's box pod (warm pods have none)
-	LabelPool         = "sandbox-bridge.io/pool"   // the SandboxPool a box belongs to
-	LabelComponent    = "app.kubernetes.io/component"
-	ComponentRecord   = "box-record" // a box's record Secret, named after the box id
-	AnnotationEgress  = "sandbox-bridge.io/egress"
-	AnnotationNonce   = "sandbox-bridge.io/boxd-nonce" // on a box pod: public, part of its proxy credential
-	CredentialsKey    = "egress-credentials"           // the record's data key (common/box-egress.ts)
-	PoolResourcePath  = "/apis/sandbox-bridge.io/v1alpha1/sandboxpools"
+	LabelBox         = "sandbox-bridge.io/box"    // "true" on box pods, warm pods and box Secrets
+	LabelBoxID       = "sandbox-bridge.io/box-id" // on a session's box pod (warm pods have none)
+	LabelPool        = "sandbox-bridge.io/pool"   // the SandboxPool a box belongs to
+	LabelComponent   = "app.kubernetes.io/component"
+	ComponentRecord  = "box-record" // a box's record Secret, named after the box id
+	AnnotationEgress = "sandbox-bridge.io/egress"
+	AnnotationNonce  = "sandbox-bridge.io/boxd-nonce" // on a box pod: public, part of its proxy credential
+	CredentialsKey   = "egress-credentials"           // the record's data key (common/box-egress.ts)
+	PoolResourcePath = "/apis/sandbox-bridge.io/v1alpha1/sandboxpools"
+	// A pool's interception CA: a kubernetes.io/tls Secret of this name in the pool's namespace,
+	// labelled component egress-ca and with the pool's name (common/egress-proxy.ts).
+	ComponentEgressCA = "egress-ca"
+	EgressCAName      = "sandbox-bridge-egress-ca"
 	EgressModeGateway = "gateway"
 )
 
@@ -51,10 +58,15 @@ const (
 //   - a record's sandbox-bridge.io/egress annotation, JSON {"allow": [...], "deny": [...]}: the
 //     box's narrowing (absent, or no "allow": the pool's list);
 //   - with Credentials, the record's data key egress-credentials, JSON {host: {header: value}}.
-//     Without it the records are watched as metadata only (PartialObjectMetadata): no Secret
-//     data ever reaches the gateway, and boxes have no credentials (a resolver may supply them).
+//     Without it the records are watched as metadata only (PartialObjectMetadata): no record
+//     data ever reaches the gateway, and boxes have no credentials (a resolver may supply them);
+//   - each gateway pool's CA Secret (sandbox-bridge-egress-ca, labelled component egress-ca and
+//     the pool, in the pool's namespace; tls.crt and tls.key): the pool's certs.Authority, built
+//     in memory once per Secret content and kept while the content is the same (its leaf cache
+//     with it). These Secrets are a watch of their own and always read whole, Credentials or not.
 //
-// Until pools, pods and records have each been listed once, Current is nil (not ready, 503).
+// Until pools, pods, records and CA Secrets have each been listed once, Current is nil (not
+// ready, 503).
 // When the API server goes away the last State stays in force while the watches retry.
 type Kubernetes struct {
 	Client *kube.Client
@@ -72,11 +84,15 @@ type Kubernetes struct {
 	pools   *kube.Reflector[kubePool]
 	pods    *kube.Reflector[kubePod]
 	records *kube.Reflector[kubeRecord]
+	cas     *kube.Reflector[kubeCA]
 	dirty   chan struct{}
-	cur     atomic.Pointer[State]
-	builds  atomic.Int64
-	warned  map[string]bool
-	once    sync.Once // warnings of the last build: each is logged once, not per event
+	// authorities: the Authority of each CA Secret content (sha256 of certificate and key), so a
+	// State build reuses it (and its leaf cache) while the Secret is unchanged.
+	authorities map[[sha256.Size]byte]*certs.Authority
+	cur         atomic.Pointer[State]
+	builds      atomic.Int64
+	warned      map[string]bool
+	once        sync.Once // warnings of the last build: each is logged once, not per event
 }
 
 // Current returns the last State, nil before every resource was listed once.
@@ -124,6 +140,11 @@ func (k *Kubernetes) setup() {
 	if !k.Credentials {
 		k.records.Accept, k.records.WatchAccept = kube.MetadataListAccept, kube.MetadataWatchAccept
 	}
+	k.cas = &kube.Reflector[kubeCA]{
+		Client: k.Client, Path: "/api/v1" + ns + "/secrets", OnChange: mark, Log: k.Log, Decode: decodeCA,
+		Query: url.Values{"labelSelector": {LabelComponent + "=" + ComponentEgressCA + "," + LabelPool}},
+		Equal: func(a, b kubeCA) bool { return reflect.DeepEqual(a, b) },
+	}
 }
 
 // Run watches until ctx ends.
@@ -132,13 +153,14 @@ func (k *Kubernetes) Run(ctx context.Context) {
 	go k.pools.Run(ctx)
 	go k.pods.Run(ctx)
 	go k.records.Run(ctx)
+	go k.cas.Run(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-k.dirty:
 		}
-		if !k.pools.Synced() || !k.pods.Synced() || !k.records.Synced() {
+		if !k.pools.Synced() || !k.pods.Synced() || !k.records.Synced() || !k.cas.Synced() {
 			continue // each first list marks dirty again
 		}
 		k.rebuild()
@@ -161,6 +183,11 @@ func (k *Kubernetes) rebuild() {
 	records = make(map[string]kubeRecord, k.records.Len())
 	k.records.Range(func(key string, v kubeRecord) { records[key] = v })
 	s, warnings := buildState(pools, pods, records)
+	cas := map[string]kubeCA{}
+	k.cas.Range(func(key string, v kubeCA) { cas[key] = v })
+	var caWarnings []string
+	s.CAs, k.authorities, caWarnings = buildCAs(pools, cas, k.authorities)
+	warnings = append(warnings, caWarnings...)
 	prev := k.cur.Swap(s)
 	k.builds.Add(1)
 	if k.OnLoad != nil {
@@ -444,6 +471,80 @@ func buildState(pools map[string]kubePool, pods []kubePod, records map[string]ku
 	}
 	s.index()
 	return s, warnings
+}
+
+// kubeCA is what the gateway keeps of a pool's CA Secret: the pool it names and its key pair.
+type kubeCA struct {
+	Pool      string
+	Cert, Key []byte
+	Err       string // what is wrong with it (never key material)
+}
+
+func decodeCA(raw json.RawMessage) (kubeCA, bool, error) {
+	var o struct {
+		Metadata struct {
+			Name   string            `json:"name"`
+			Labels map[string]string `json:"labels"`
+		} `json:"metadata"`
+		Type string            `json:"type"`
+		Data map[string]string `json:"data"` // base64
+	}
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return kubeCA{}, false, errors.New("the Secret does not parse") // no detail: it could quote key material
+	}
+	if o.Metadata.Name != EgressCAName || o.Metadata.Labels[LabelPool] == "" {
+		return kubeCA{}, false, nil
+	}
+	c := kubeCA{Pool: o.Metadata.Labels[LabelPool]}
+	if o.Type != "kubernetes.io/tls" {
+		c.Err = fmt.Sprintf("type %q, want kubernetes.io/tls", o.Type)
+		return c, true, nil
+	}
+	var err1, err2 error
+	c.Cert, err1 = base64.StdEncoding.DecodeString(o.Data["tls.crt"])
+	c.Key, err2 = base64.StdEncoding.DecodeString(o.Data["tls.key"])
+	if err1 != nil || err2 != nil || len(c.Cert) == 0 || len(c.Key) == 0 {
+		c = kubeCA{Pool: c.Pool, Err: "tls.crt and tls.key are required"}
+	}
+	return c, true, nil
+}
+
+// buildCAs gives each gateway pool the Authority of its CA Secret (one in the pool's namespace
+// that names the pool). Authorities are reused from cache by content and the cache returned holds
+// only those in use. A Secret that does not load leaves its pool without a CA: interception is
+// refused there (502) until it is fixed, with a warning that never quotes key material.
+func buildCAs(pools map[string]kubePool, secrets map[string]kubeCA, cache map[[sha256.Size]byte]*certs.Authority) (map[string]*certs.Authority, map[[sha256.Size]byte]*certs.Authority, []string) {
+	out := map[string]*certs.Authority{}
+	used := map[[sha256.Size]byte]*certs.Authority{}
+	var warnings []string
+	for key, c := range secrets {
+		ns, _, _ := strings.Cut(key, "/")
+		p, ok := pools[c.Pool]
+		if !ok || !p.Gateway || p.Namespace != ns {
+			continue // another pool's namespace, or not a gateway pool (yet)
+		}
+		if c.Err != "" {
+			warnings = append(warnings, fmt.Sprintf("pool %q: CA Secret %s: %s; interception is refused (502) until it is fixed", c.Pool, key, c.Err))
+			continue
+		}
+		h := sha256.New()
+		h.Write(c.Cert)
+		h.Write([]byte{0})
+		h.Write(c.Key)
+		var sum [sha256.Size]byte
+		copy(sum[:], h.Sum(nil))
+		a := cache[sum]
+		if a == nil {
+			var err error
+			if a, err = certs.FromPEM(c.Cert, c.Key); err != nil {
+				warnings = append(warnings, fmt.Sprintf("pool %q: CA Secret %s does not load (%v); interception is refused (502) until it is fixed", c.Pool, key, err))
+				continue
+			}
+		}
+		used[sum] = a
+		out[c.Pool] = a
+	}
+	return out, used, warnings
 }
 
 // WaitReady waits until the first State is built or ctx ends (for callers that want to block).

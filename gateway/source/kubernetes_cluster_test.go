@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"sandbox-bridge.io/gateway/internal/testpki"
 	"sandbox-bridge.io/gateway/kube"
 )
 
@@ -202,6 +203,9 @@ func TestClusterSource(t *testing.T) {
 	k.must("POST", "/api/v1/namespaces/"+ns+"/secrets", rec)
 	k.must("POST", "/api/v1/namespaces/"+ns+"/pods", clusterPod(ns, "box-c1", pool))
 	ip := netip.MustParseAddr(podIP(k, ns, "box-c1"))
+	// The pool's CA Secret, as the operator writes it (kubernetes.io/tls, PKCS#8 P-256).
+	ca := testpki.NewCA(t, "egress CA "+pool)
+	k.must("POST", "/api/v1/namespaces/"+ns+"/secrets", caSecret(ns, EgressCAName, pool, ca))
 
 	src := &Kubernetes{Client: k.c, Namespace: ns, Credentials: true}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -217,6 +221,12 @@ func TestClusterSource(t *testing.T) {
 	}
 	if s.Boxes["box-c1"].Headers("api.test")["Authorization"] != "Bearer t0ken" {
 		t.Fatal("the record's credentials were not read")
+	}
+	if a := s.CAs[pool]; a == nil || a.CA().Subject.CommonName != "egress CA "+pool {
+		t.Fatal("the pool's CA Secret was not read")
+	}
+	if b := s.Boxes["box-c1"]; b.Pod != "box-c1" || b.Namespace != ns || b.Nonce != "n-box-c1" || b.UID == "" {
+		t.Fatalf("box-c1's pod identity: %+v", b.Identity())
 	}
 	// A runtime change of the box's narrowing (what PATCH /boxes/:id/egress writes) and of the
 	// pool (kubectl edit sbp): each in force within 1 s.

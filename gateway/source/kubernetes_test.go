@@ -14,6 +14,7 @@ import (
 
 	"sandbox-bridge.io/gateway/identity"
 	"sandbox-bridge.io/gateway/internal/kubetest"
+	"sandbox-bridge.io/gateway/internal/testpki"
 	"sandbox-bridge.io/gateway/kube"
 	"sandbox-bridge.io/gateway/policy"
 )
@@ -129,7 +130,7 @@ func TestKubernetesSource(t *testing.T) {
 	}
 	// Secrets were asked for as metadata only: their data never reached the gateway.
 	for _, q := range api.Requests() {
-		if q.Resource == "secrets" && !strings.Contains(q.Accept, "as=PartialObjectMetadata") {
+		if q.Resource == "secrets" && strings.Contains(q.LabelSelector, ComponentRecord) && !strings.Contains(q.Accept, "as=PartialObjectMetadata") {
 			t.Fatalf("a Secret request without the metadata-only Accept: %+v", q)
 		}
 		if q.Resource == "pods" && q.LabelSelector != LabelBox+"=true,"+LabelBoxID {
@@ -281,4 +282,74 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+func caSecret(ns, name, pool string, ca *testpki.CA) map[string]any {
+	return map[string]any{"metadata": map[string]any{"name": name, "namespace": ns,
+		"labels": map[string]any{LabelComponent: ComponentEgressCA, LabelPool: pool, "app.kubernetes.io/managed-by": "sandbox-bridge"}},
+		"type": "kubernetes.io/tls",
+		"data": map[string]any{"tls.crt": base64.StdEncoding.EncodeToString(ca.CertPEM), "tls.key": base64.StdEncoding.EncodeToString(ca.KeyPEM)}}
+}
+
+// Each gateway pool gets the CA of its Secret, read whole even with Credentials off; the same
+// content keeps the same Authority (and its leaf cache) across State builds; a new Secret is in
+// force within 1 s; Secrets elsewhere or broken give no CA, with a warning quoting no key.
+func TestKubernetesSourcePoolCA(t *testing.T) {
+	api := kubetest.New(t)
+	api.Put("sandboxpools", sbPool("p1", "sb", "gateway", []string{"api.test"}, nil))
+	api.Put("sandboxpools", sbPool("p2", "sb2", "gateway", []string{"api.test"}, nil))
+	api.Put("sandboxpools", sbPool("p3", "sb3", "direct", []string{"api.test"}, nil))
+	ca1, ca2, other := testpki.NewCA(t, "ca one"), testpki.NewCA(t, "ca two"), testpki.NewCA(t, "other")
+	api.Put("secrets", caSecret("sb", EgressCAName, "p1", ca1))
+	api.Put("secrets", caSecret("sb", EgressCAName+"-x", "p1", other)) // not the pool CA's name
+	api.Put("secrets", caSecret("sb2", EgressCAName, "p1", other))     // names p1 from p2's namespace
+	api.Put("secrets", caSecret("sb3", EgressCAName, "p3", other))     // a direct pool
+	broken := caSecret("sb2", EgressCAName, "p2", ca2)
+	broken["data"].(map[string]any)["tls.key"] = base64.StdEncoding.EncodeToString(other.KeyPEM) // not the certificate's key
+	c, _ := kube.NewClient(&kube.Config{Server: api.URL})
+	var logs strings.Builder
+	var mu sync.Mutex
+	k := &Kubernetes{Client: c, Credentials: false, Log: slog.New(slog.NewJSONHandler(lockedWriter{&mu, &logs}, nil))}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go k.Run(ctx)
+	waitFor(t, func() bool { return k.Current() != nil })
+	s := k.Current()
+	if a := s.CAs["p1"]; a == nil || a.CA().Subject.CommonName != "ca one" {
+		t.Fatalf("p1's CA: %v", s.CAs)
+	}
+	if len(s.CAs) != 1 {
+		t.Fatalf("CAs for %d pools, want p1's only", len(s.CAs))
+	}
+	for _, q := range api.Requests() {
+		if q.Resource == "secrets" && strings.Contains(q.LabelSelector, ComponentEgressCA) && strings.Contains(q.Accept, "PartialObjectMetadata") {
+			t.Fatal("the CA Secrets were asked for as metadata only: they need their data")
+		}
+	}
+	first := s.CAs["p1"]
+	api.Put("pods", boxPod("sb", "box-a", "box-a", "p1", "10.0.0.1")) // another build, the same Secret
+	waitFor(t, func() bool { return k.Current().Boxes["box-a"] != nil })
+	if k.Current().CAs["p1"] != first {
+		t.Fatal("an unchanged CA Secret got a new Authority (its leaf cache lost)")
+	}
+	// Rotation: the Secret's new signer is p1's CA for the next connection.
+	api.Put("secrets", caSecret("sb", EgressCAName, "p1", ca2))
+	waitFor(t, func() bool { a := k.Current().CAs["p1"]; return a != nil && a.CA().Subject.CommonName == "ca two" })
+	api.Put("secrets", broken)
+	api.Delete("secrets", "sb", EgressCAName)
+	waitFor(t, func() bool { return k.Current().CAs["p1"] == nil })
+	if len(k.Current().CAs) != 0 {
+		t.Fatal("a Secret whose key is not its certificate's gave p2 a CA")
+	}
+	mu.Lock()
+	out := logs.String()
+	mu.Unlock()
+	if !strings.Contains(out, `pool \"p2\": CA Secret sb2/`+EgressCAName+` does not load`) {
+		t.Fatalf("no warning for p2's broken CA Secret: %s", out)
+	}
+	for _, pemText := range [][]byte{ca1.KeyPEM, ca2.KeyPEM, other.KeyPEM} {
+		if strings.Contains(out, string(pemText[40:80])) {
+			t.Fatal("the log quotes a CA key")
+		}
+	}
 }

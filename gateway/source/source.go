@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"sort"
 
+	"sandbox-bridge.io/gateway/certs"
 	"sandbox-bridge.io/gateway/identity"
 	"sandbox-bridge.io/gateway/policy"
 )
@@ -25,6 +26,9 @@ type Source interface {
 type State struct {
 	Pools map[string]policy.Pool `json:"pools"`
 	Boxes map[string]*Box        `json:"boxes"`
+	// CAs are the pools' interception CAs (source.Kubernetes: from each pool's Secret); a pool
+	// without one uses the gateway's -ca-cert, if any.
+	CAs map[string]*certs.Authority `json:"-"`
 
 	byIP  map[netip.Addr]string
 	byPod map[string]string // pod name -> box id ("" when boxes of two namespaces share the name)
