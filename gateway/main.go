@@ -85,6 +85,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.kube.context, "kube-context", env("EGRESS_KUBE_CONTEXT", ""), "the kubeconfig's context (EGRESS_KUBE_CONTEXT; default its current-context)")
 	fs.StringVar(&c.kube.server, "kube-server", env("EGRESS_KUBE_SERVER", ""), "API server URL, instead of a kubeconfig or the service account (EGRESS_KUBE_SERVER)")
 	fs.StringVar(&c.kube.caFile, "kube-ca-file", env("EGRESS_KUBE_CA_FILE", ""), "with -kube-server: the API server's CA, PEM (EGRESS_KUBE_CA_FILE; default the system roots)")
+	fs.StringVar(&c.kube.tlsServerName, "kube-tls-server-name", env("EGRESS_KUBE_TLS_SERVER_NAME", ""),
+		"the name the API server's certificate is checked for, when it does not list the address it is reached at, e.g. kubernetes.default.svc (EGRESS_KUBE_TLS_SERVER_NAME; any way of finding the API server; default: a kubeconfig's tls-server-name, else the server's host)")
 	fs.StringVar(&c.kube.tokenFile, "kube-token-file", env("EGRESS_KUBE_TOKEN_FILE", ""), "with -kube-server: a bearer token file, re-read when it changes (EGRESS_KUBE_TOKEN_FILE)")
 	fs.BoolVar(&c.kube.credentials, "kube-credentials", env("EGRESS_KUBE_CREDENTIALS", "true") != "false",
 		"read box credentials from the records' egress-credentials key; false: watch records as metadata only, no credentials (EGRESS_KUBE_CREDENTIALS)")
@@ -212,7 +214,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		// Not ready (503) until pools, box pods and records are listed; then every watch event
 		// is a new State.
 		src = &source.Kubernetes{Client: client, Namespace: c.kube.namespace, Credentials: c.kube.credentials, Log: log, OnLoad: m.Reload}
-		log.Info("policy source: kubernetes", "server", kc.Server, "namespace", c.kube.namespace, "credentials", c.kube.credentials)
+		log.Info("policy source: kubernetes", "server", kc.Server, "tls_server_name", kc.TLSServerName, "namespace", c.kube.namespace, "credentials", c.kube.credentials)
 	default:
 		f := &source.File{Path: c.policyFile, Log: log, OnLoad: m.Reload}
 		if err := f.Load(); err != nil {
@@ -269,12 +271,21 @@ type runSource interface {
 
 type kubeFlags struct {
 	kubeconfig, context, server, caFile, tokenFile, namespace string
+	tlsServerName                                             string
 	credentials                                               bool
 }
 
 // config: -kube-server (with its CA and token files), else a kubeconfig, else the pod's own
-// service account.
+// service account; -kube-tls-server-name applies to each.
 func (k kubeFlags) config() (*kube.Config, error) {
+	c, err := k.where()
+	if err == nil && k.tlsServerName != "" {
+		c.TLSServerName = k.tlsServerName
+	}
+	return c, err
+}
+
+func (k kubeFlags) where() (*kube.Config, error) {
 	switch {
 	case k.server != "":
 		c := &kube.Config{Server: k.server, TokenFile: k.tokenFile}

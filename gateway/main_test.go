@@ -44,7 +44,7 @@ func TestParseFlagsKubernetes(t *testing.T) {
 	os.WriteFile(ca, []byte("PEM"), 0o600)
 	// -source=kubernetes needs no policy file; -kube-server with its CA and token files.
 	c, err := parseFlags([]string{"-source=kubernetes", "-kube-server=https://10.96.0.1:443", "-kube-ca-file=" + ca,
-		"-kube-token-file=/var/run/token", "-kube-namespace=sandboxes"})
+		"-kube-token-file=/var/run/token", "-kube-namespace=sandboxes", "-kube-tls-server-name=kubernetes.default.svc"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,8 @@ func TestParseFlagsKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if kc.Server != "https://10.96.0.1:443" || string(kc.CAData) != "PEM" || kc.TokenFile != "/var/run/token" || c.kube.namespace != "sandboxes" || !c.kube.credentials {
+	if kc.Server != "https://10.96.0.1:443" || string(kc.CAData) != "PEM" || kc.TokenFile != "/var/run/token" || c.kube.namespace != "sandboxes" || !c.kube.credentials ||
+		kc.TLSServerName != "kubernetes.default.svc" {
 		t.Fatalf("kube config %+v, flags %+v", kc, c.kube)
 	}
 	// Without -kube-server or -kubeconfig: the pod's service account, an error outside a pod.

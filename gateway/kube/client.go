@@ -34,7 +34,7 @@ func NewClient(c *Config) (*Client, error) {
 	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
 		return nil, fmt.Errorf("API server %q: want https://host:port", c.Server)
 	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.TLSServerName}
 	if len(c.CAData) > 0 {
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(c.CAData) {

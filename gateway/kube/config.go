@@ -26,6 +26,10 @@ type Config struct {
 	KeyData   []byte
 	Token     string // a fixed bearer token
 	TokenFile string // a bearer token re-read on change (wins over Token)
+	// TLSServerName is the name the API server's certificate is checked for, when not the
+	// server's host (kubeconfig tls-server-name): e.g. kubernetes.default.svc where pods reach the
+	// API server at a Service IP its certificate does not list.
+	TLSServerName string
 }
 
 // Service account paths of a pod.
@@ -56,8 +60,8 @@ func inCluster(dir string) (*Config, error) {
 }
 
 // LoadKubeconfig reads a kubeconfig (the context named, or its current-context): the cluster's
-// server and CA (data or file), the user's client certificate and key (data or file), token or
-// tokenFile. Relative file paths are relative to the kubeconfig, as kubectl has them. Exec and
+// server, tls-server-name and CA (data or file), the user's client certificate and key (data or
+// file), token or tokenFile. Relative file paths are relative to the kubeconfig, as kubectl has them. Exec and
 // auth-provider plugins are not supported (an error says so). The YAML reader handles the block
 // style kubectl and kind/kwok write (and JSON); it is not a general YAML parser.
 func LoadKubeconfig(path, context string) (*Config, error) {
@@ -101,6 +105,7 @@ func LoadKubeconfig(path, context string) (*Config, error) {
 	if c.CAData, err = dataOrFile(cluster, "certificate-authority-data", "certificate-authority", dir); err != nil {
 		return nil, err
 	}
+	c.TLSServerName, _ = cluster["tls-server-name"].(string)
 	if user != nil {
 		if user["exec"] != nil || user["auth-provider"] != nil {
 			return nil, fmt.Errorf("kubeconfig %s: user %q uses an exec or auth-provider plugin, which the gateway does not run; use a token or client certificate", path, userName)

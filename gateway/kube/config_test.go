@@ -2,7 +2,12 @@ package kube
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/base64"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,6 +36,7 @@ clusters:
 - cluster:
     certificate-authority-data: ` + b64([]byte("CA-DATA")) + `
     server: "https://other.example:6443"
+    tls-server-name: kubernetes.default.svc
   name: other
 contexts:
 - context:
@@ -67,7 +73,8 @@ users:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Server != "https://other.example:6443" || string(c.CAData) != "CA-DATA" || c.Token != "abc.def" || c.CertData != nil {
+	if c.Server != "https://other.example:6443" || string(c.CAData) != "CA-DATA" || c.Token != "abc.def" || c.CertData != nil ||
+		c.TLSServerName != "kubernetes.default.svc" {
 		t.Fatalf("other context: %+v", c)
 	}
 	if _, err := LoadKubeconfig(p, "nope"); err == nil || !strings.Contains(err.Error(), `no context "nope"`) {
@@ -152,6 +159,41 @@ func TestInClusterAndTokenRotation(t *testing.T) {
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	if _, err := inCluster(dir); err == nil {
 		t.Fatal("in-cluster config without KUBERNETES_SERVICE_HOST")
+	}
+}
+
+// An API server whose certificate does not name the address it is reached at (pods reach the
+// local cluster's at the kubernetes Service IP, which its certificate does not list) is refused,
+// and accepted when TLSServerName is a name the certificate has.
+func TestTLSServerName(t *testing.T) {
+	ca := testpki.NewCA(t, "cluster CA")
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"kind":"PodList","items":[]}`)
+	}))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Leaf(t, "kubernetes.default.svc")}}
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.StartTLS()
+	defer srv.Close()
+	get := func(c *Config) error {
+		cl, err := NewClient(c)
+		if err != nil {
+			return err
+		}
+		resp, err := cl.Get(context.Background(), "/api/v1/pods", nil, "")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	if err := get(&Config{Server: srv.URL, CAData: ca.CertPEM}); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("a certificate for another name: %v, want a verification error", err)
+	}
+	if err := get(&Config{Server: srv.URL, CAData: ca.CertPEM, TLSServerName: "kubernetes.default.svc"}); err != nil {
+		t.Fatalf("with TLSServerName: %v", err)
+	}
+	if err := get(&Config{Server: srv.URL, CAData: testpki.NewCA(t, "other").CertPEM, TLSServerName: "kubernetes.default.svc"}); err == nil {
+		t.Fatal("TLSServerName must not skip the CA check")
 	}
 }
 
