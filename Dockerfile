@@ -2,8 +2,11 @@
 # One image, both programs:
 #   bridge   (default)  docker run IMAGE                          -> node dist/bridge/main.js
 #   operator            docker run IMAGE dist/operator/main.js    (the chart sets args)
-# and, as a separate target, the in-box agent that box pods' init container copies in:
+# and, as separate targets, the in-box agent that box pods' init container copies in, and the
+# egress gateway:
 #   boxd                docker build --target boxd -t IMAGE-boxd .  (scratch: only /boxd)
+#   egress-gateway      docker build --target egress-gateway -t IMAGE-egress-gateway .
+#                       (scratch: /egress-gateway and the public CA roots it verifies hosts with)
 # Node 24 LTS. Runs as uid/gid 65534 and writes nothing, so it works with a read-only root
 # filesystem. No init (tini): node is PID 1 and both programs handle SIGTERM themselves
 # (graceful shutdown, exit 0) and start no child processes, so there is nothing to reap.
@@ -43,6 +46,23 @@ FROM scratch AS boxd
 COPY --from=boxd-build /out/boxd /boxd
 USER 65534:65534
 ENTRYPOINT ["/boxd"]
+
+# --- egress-gateway: the boxes' HTTP proxy, one static Go binary (gateway/build.sh) -----------
+FROM golang:1.26-bookworm AS egress-gateway-build
+WORKDIR /src/gateway
+COPY gateway ./
+ARG GATEWAY_VERSION=dev
+RUN GATEWAY_VERSION=${GATEWAY_VERSION} GOTOOLCHAIN=local ./build.sh /out
+
+# The binary and Debian's CA bundle: Go reads /etc/ssl/certs/ca-certificates.crt as its system
+# roots, which verify the hosts the gateway intercepts (scratch has none). The API server's CA
+# comes with the pod's service account. Run as 65534 with a read-only root (the chart).
+FROM scratch AS egress-gateway
+COPY --from=egress-gateway-build /out/egress-gateway /egress-gateway
+COPY --from=egress-gateway-build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+USER 65534:65534
+EXPOSE 3128 9090
+ENTRYPOINT ["/egress-gateway"]
 
 # --- runtime: distroless Node 24 (no shell, no package manager) ------------------------------
 FROM gcr.io/distroless/nodejs24-debian12 AS runtime

@@ -5,8 +5,10 @@
 #
 # Fixed choices (edit the output with a kustomize overlay, not here):
 #   release "sandbox-bridge" in namespace "sandbox-bridge"; sandbox namespace "sandbox";
-#   secret.existingSecret=sandbox-bridge-token and boxd.existingSecret=sandbox-bridge-boxd-key,
-#   so no secret is committed: create both Secrets yourself (docs/chart.md: "Install with kubectl apply -k").
+#   secret.existingSecret=sandbox-bridge-token, boxd.existingSecret=sandbox-bridge-boxd-key and the
+#   egress gateway's egressGateway.existingSecret=sandbox-bridge-egress-key and
+#   egressGateway.resolverKey.existingSecret=sandbox-bridge-egress-resolver-key, so no secret is
+#   committed: create the Secrets yourself (docs/chart.md: "Install with kubectl apply -k").
 # The ServiceMonitor and PrometheusRule go to OUT_DIR/monitoring (needs prometheus-operator).
 # test/integration/chart-manifests.test.ts regenerates into a temp dir and diffs, so the
 # committed manifests never drift from the chart.
@@ -29,7 +31,9 @@ header="# Generated from charts/sandbox-bridge by scripts/generate-manifests.sh.
 
 render() {
   "$helm" template "$release" "$chart" --namespace "$namespace" --kube-version "$kube_version" \
-    --set secret.existingSecret=sandbox-bridge-token --set boxd.existingSecret=sandbox-bridge-boxd-key "$@"
+    --set secret.existingSecret=sandbox-bridge-token --set boxd.existingSecret=sandbox-bridge-boxd-key \
+    --set egressGateway.existingSecret=sandbox-bridge-egress-key \
+    --set egressGateway.resolverKey.existingSecret=sandbox-bridge-egress-resolver-key "$@"
 }
 
 mkdir -p "$out/crds" "$out/monitoring"
@@ -74,6 +78,8 @@ $header
 #   kubectl create namespace sandbox-bridge
 #   kubectl create secret generic sandbox-bridge-token -n sandbox-bridge --from-literal=token="\$(openssl rand -hex 32)"
 #   kubectl create secret generic sandbox-bridge-boxd-key -n sandbox-bridge --from-literal=key="\$(openssl rand -hex 32)"
+#   kubectl create secret generic sandbox-bridge-egress-key -n sandbox-bridge --from-literal=key="\$(openssl rand -hex 32)"
+#   kubectl create secret generic sandbox-bridge-egress-resolver-key -n sandbox-bridge --from-literal=key="\$(openssl rand -hex 32)"
 #   kubectl apply -k manifests
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization

@@ -1,7 +1,7 @@
 // No Docker engine runs here, so the image's properties are checked on the Dockerfile itself:
 // multi-stage, Node 24, production dependencies only, both entry points, uid 65534, nothing that
 // needs a writable root filesystem, and programs that exit cleanly on SIGTERM as PID 1. The
-// separate boxd target: a static Go binary alone in a scratch image.
+// separate boxd and egress-gateway targets: a static Go binary in a scratch image.
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { spawnSync } from 'node:child_process';
@@ -95,6 +95,47 @@ test('the boxd target: a static Go build, then scratch holding only /boxd, run a
   expect(minor(goImage!)).toBeGreaterThanOrEqual(minor(goMin!));
 });
 
+test('the egress-gateway target: gateway/build.sh, then scratch holding /egress-gateway and the CA roots, run as 65534; the chart runs it', () => {
+  const gateway = stage('egress-gateway');
+  expect(gateway.from).toBe('scratch');
+  const copies = gateway.instructions.filter((i) => i.op === 'COPY').map((i) => i.args.split(/\s+/));
+  // The binary, and the bundle Go reads as its system roots (scratch has none) to verify intercepted hosts.
+  expect(copies.map((c) => c.slice(1))).toEqual([
+    [expect.any(String), '/egress-gateway'],
+    ['/etc/ssl/certs/ca-certificates.crt', '/etc/ssl/certs/ca-certificates.crt'],
+  ]);
+  const builders = new Set(copies.map((c) => /^--from=(\S+)$/.exec(c[0]!)?.[1]));
+  expect(builders.size).toBe(1);
+  const [builder] = [...builders];
+  expect(copies[0]![1]).toBe('/out/egress-gateway');
+  expect(gateway.instructions.filter((i) => i.op === 'RUN')).toEqual([]);
+  expect(gateway.instructions.filter((i) => i.op === 'USER').at(-1)?.args).toBe('65534:65534');
+  expect(JSON.parse(gateway.instructions.find((i) => i.op === 'ENTRYPOINT')!.args)).toEqual(['/egress-gateway']);
+
+  // Built by gateway/build.sh (as the local cluster's image is): static and stripped, on a Go at
+  // least as new as gateway/go.mod asks for, from the gateway sources only.
+  const build = stage(builder!);
+  expect(runs(build)).toMatch(/\.\/build\.sh \/out\b/);
+  expect(build.instructions.filter((i) => i.op === 'COPY').map((i) => i.args)).toEqual(['gateway ./']);
+  const script = readFileSync(join(ROOT, 'gateway/build.sh'), 'utf8');
+  for (const flag of [/CGO_ENABLED=0/, /-trimpath/, /-ldflags "-s -w /, /-o "\$out\/egress-gateway"/]) expect(script).toMatch(flag);
+  const [, goMin] = /^go (\d+\.\d+)/m.exec(readFileSync(join(ROOT, 'gateway/go.mod'), 'utf8')) ?? [];
+  const [, goImage] = /^golang:(\d+\.\d+)/.exec(build.from) ?? [];
+  expect(Number(goImage!.split('.')[1])).toBeGreaterThanOrEqual(Number(goMin!.split('.')[1]));
+
+  // The chart runs this image's entrypoint with the `serve` subcommand, as 65534 on a read-only
+  // root; the image's only files are read, the keys come as mounted files.
+  const values = load(readFileSync(join(CHART, 'values.yaml'), 'utf8')) as { egressGateway: { image: { repository: string; tag: string } } };
+  expect(values.egressGateway.image.tag).toBe('');
+  const spec = template().one('Deployment', 'rel-sandbox-bridge-egress-gateway').spec.template.spec;
+  expect(spec.containers[0].image).toBe(`${values.egressGateway.image.repository}:${pkg.version}`);
+  expect(spec.containers[0].command).toBeUndefined();
+  expect(spec.containers[0].args[0]).toBe('serve');
+  expect(readFileSync(join(ROOT, 'gateway/main.go'), 'utf8')).toMatch(/case "serve":/);
+  expect(spec.containers[0].securityContext).toMatchObject({ readOnlyRootFilesystem: true, runAsUser: 65534 });
+  expect(spec.containers[0].volumeMounts.every((m: { readOnly?: boolean }) => m.readOnly === true)).toBe(true);
+});
+
 test('runs as 65534; default command is the bridge, the operator is an argument away', () => {
   const user = runtime.instructions.filter((i) => i.op === 'USER').at(-1)?.args;
   expect(user).toMatch(/^65534(:65534)?$/);
@@ -136,7 +177,12 @@ test('everything the compiled programs import is a production dependency', () =>
 test('nothing writes to the root filesystem: the chart mounts a read-only root with only /tmp writable', () => {
   const spec = template().one('Deployment', 'rel-sandbox-bridge-bridge').spec.template.spec;
   expect(spec.containers[0].securityContext.readOnlyRootFilesystem).toBe(true);
-  expect(spec.containers[0].volumeMounts.map((m: { mountPath: string }) => m.mountPath).sort()).toEqual(['/tmp', '/var/run/secrets/sandbox-bridge', '/var/run/secrets/sandbox-bridge-boxd']);
+  expect(spec.containers[0].volumeMounts.map((m: { mountPath: string }) => m.mountPath).sort()).toEqual([
+    '/tmp',
+    '/var/run/secrets/sandbox-bridge',
+    '/var/run/secrets/sandbox-bridge-boxd',
+    '/var/run/secrets/sandbox-bridge-egress',
+  ]);
 });
 
 test('.dockerignore keeps node_modules, dist, the cluster and tests out of the build context', () => {

@@ -4,6 +4,7 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
+import { POOL_DEFAULTS } from '../../common/pool.js';
 import { HELM, ROOT, parseDocs } from '../chart/helm.js';
 
 const MANIFESTS = join(ROOT, 'manifests');
@@ -47,6 +48,18 @@ test('kubectl kustomize builds them; no token is committed; the CRD and monitori
   const dep = main.find((d) => d.kind === 'Deployment' && d.metadata.name === 'sandbox-bridge-bridge')!;
   const token = dep.spec.template.spec.volumes.find((v: { name: string }) => v.name === 'token');
   expect(token.secret.secretName).toBe('sandbox-bridge-token');
+  // The egress gateway, its keys from Secrets you create (never committed), and the pool pointed
+  // at its Service, whose name is the CRD's default for this release name.
+  const gateway = main.find((d) => d.kind === 'Deployment' && d.metadata.name === 'sandbox-bridge-egress-gateway')!;
+  const secretOf = (d: typeof gateway, volume: string) => d.spec.template.spec.volumes.find((v: { name: string }) => v.name === volume)?.secret?.secretName;
+  expect([secretOf(gateway, 'egress-key'), secretOf(gateway, 'resolver-key'), secretOf(dep, 'egress-key')]).toEqual([
+    'sandbox-bridge-egress-key',
+    'sandbox-bridge-egress-resolver-key',
+    'sandbox-bridge-egress-key',
+  ]);
+  const pool = main.find((d) => d.kind === 'SandboxPool')!;
+  expect(pool.spec.egress.gateway.service).toBe(POOL_DEFAULTS.egress.gateway.service);
+  expect(main.some((d) => d.kind === 'Service' && d.metadata.name === pool.spec.egress.gateway.service)).toBe(true);
   expect(build('crds').map((d) => d.kind)).toEqual(['CustomResourceDefinition']);
   expect(build('monitoring').map((d) => d.kind).sort()).toEqual(['PrometheusRule', 'ServiceMonitor']);
 });

@@ -13,6 +13,9 @@ import { CHART, MONITORING_APIS, ROOT, TOKEN, helm, template, type Doc } from '.
 
 const BRIDGE = 'rel-sandbox-bridge-bridge';
 const OPERATOR = 'rel-sandbox-bridge-operator';
+const GATEWAY = 'rel-sandbox-bridge-egress-gateway';
+/** The egress gateway's key Secrets, generated when it is enabled (the default). */
+const EGRESS_SECRETS = ['rel-sandbox-bridge-egress-key', 'rel-sandbox-bridge-egress-resolver-key'];
 
 /** The bridge's Kubernetes calls (bridge/kube, bridge/services), as RBAC rules. */
 const BRIDGE_NAMESPACED_RULES = [
@@ -28,6 +31,8 @@ const OPERATOR_NAMESPACED_RULES = [
   { apiGroups: [''], resources: ['resourcequotas', 'limitranges'], verbs: ['get', 'list', 'watch', 'create', 'patch'] },
   { apiGroups: ['networking.k8s.io'], resources: ['networkpolicies'], verbs: ['get', 'list', 'watch', 'create', 'patch'] },
   { apiGroups: [''], resources: ['events'], verbs: ['create', 'patch'] },
+  // The CA of gateway-mode pools: Secret and ConfigMap sandbox-bridge-egress-ca (operator/egress-ca.ts).
+  { apiGroups: [''], resources: ['secrets', 'configmaps'], verbs: ['get', 'list', 'watch', 'create', 'update', 'patch'] },
 ];
 const OPERATOR_POOL_RULES = [
   { apiGroups: ['sandbox-bridge.io'], resources: ['sandboxpools'], verbs: ['get', 'list', 'watch'] },
@@ -149,7 +154,7 @@ describe('token', () => {
   test('secret.existingSecret: no Secret rendered; the pods mount the named one and read tokenKey / tokensKey', () => {
     const out = template({ secret: { existingSecret: 'my-token', tokenKey: 'bridge-token', tokensKey: 'named.json' } });
     expect(out.status).toBe(0);
-    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key']);
+    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key', ...EGRESS_SECRETS]);
     const dep = out.one('Deployment', BRIDGE);
     const volume = dep.spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'token');
     expect(volume.secret.secretName).toBe('my-token');
@@ -212,7 +217,7 @@ describe('boxd', () => {
     const short = template({ secret: { token: TOKEN }, boxd: { key: 'too-short' } });
     expect(short.status).not.toBe(0);
     const existing = template({ secret: { token: TOKEN }, boxd: { existingSecret: 'my-boxd', secretKey: 'hmac' } });
-    expect(existing.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-token']);
+    expect(existing.all('Secret').map((s) => s.metadata.name)).toEqual([...EGRESS_SECRETS, 'rel-sandbox-bridge-token']);
     const volume = existing.one('Deployment', BRIDGE).spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === 'boxd-key');
     expect(volume.secret).toMatchObject({ secretName: 'my-boxd', items: [{ key: 'hmac', path: 'key' }] });
   });
@@ -402,8 +407,8 @@ describe('operator box health and webhooks', () => {
     const dep = out.one('Deployment', OPERATOR);
     expect(env(dep)).toMatchObject({ STUCK_PENDING_SECONDS: '300' });
     expect(env(dep).WEBHOOKS_FILE).toBeUndefined();
-    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key', 'rel-sandbox-bridge-token']);
-    expect(dep.spec.template.spec.volumes.map((v: k8s.V1Volume) => v.name)).toEqual(['tmp', 'boxd-key']);
+    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key', ...EGRESS_SECRETS, 'rel-sandbox-bridge-token']);
+    expect(dep.spec.template.spec.volumes.map((v: k8s.V1Volume) => v.name)).toEqual(['tmp', 'boxd-key', 'egress-key']);
     // Box events go on the box pods, in the pool namespace: the operator's Role there allows them.
     const role = out.all('Role').find((r) => r.metadata.name === OPERATOR && r.metadata.namespace === 'sandbox')!;
     expect(role.rules).toContainEqual(expect.objectContaining({ resources: ['events'], verbs: expect.arrayContaining(['create']) }));
@@ -441,7 +446,7 @@ describe('operator box health and webhooks', () => {
   test('existingSecret: mounted, nothing rendered; egress rules join the operator NetworkPolicy', () => {
     const egress = [{ to: [{ ipBlock: { cidr: '203.0.113.0/24' } }], ports: [{ port: 443, protocol: 'TCP' }] }];
     const out = template({ secret: { token: TOKEN }, operator: { webhooks: { existingSecret: 'my-hooks', egress } } });
-    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key', 'rel-sandbox-bridge-token']);
+    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key', ...EGRESS_SECRETS, 'rel-sandbox-bridge-token']);
     const dep = out.one('Deployment', OPERATOR);
     expect(env(dep)).toMatchObject({ WEBHOOKS_FILE: '/var/run/secrets/sandbox-bridge-webhooks/webhooks.json', WEBHOOK_SIGNING_KEY_FILE: '/var/run/secrets/sandbox-bridge-webhooks/signing-key' });
     expect(dep.spec.template.spec.volumes).toContainEqual(expect.objectContaining({ name: 'webhooks', secret: expect.objectContaining({ secretName: 'my-hooks' }) }));
@@ -515,7 +520,7 @@ describe('scaling and disruption', () => {
     expect(out.one('PodDisruptionBudget', BRIDGE).spec.minAvailable).toBe(1);
     expect(out.one('PodDisruptionBudget', OPERATOR).spec.minAvailable).toBe(1);
     const off = template({ secret: { token: TOKEN }, podDisruptionBudget: { enabled: false } });
-    expect(off.all('PodDisruptionBudget').map((p) => p.metadata.name)).toEqual([OPERATOR]);
+    expect(off.all('PodDisruptionBudget').map((p) => p.metadata.name)).toEqual([OPERATOR, GATEWAY]);
   });
 });
 
@@ -603,7 +608,7 @@ describe('monitoring', () => {
     const sm = out.one('ServiceMonitor');
     expect(sm.spec.endpoints).toEqual([expect.objectContaining({ port: 'metrics', path: '/metrics' })]);
     const scraped = out.all('Service').filter((s) => Object.entries(sm.spec.selector.matchLabels).every(([k, v]) => s.metadata.labels?.[k] === v));
-    expect(scraped.map((s) => s.metadata.name).sort()).toEqual([`${BRIDGE}-metrics`, `${OPERATOR}-metrics`]);
+    expect(scraped.map((s) => s.metadata.name).sort()).toEqual([`${BRIDGE}-metrics`, `${GATEWAY}-metrics`, `${OPERATOR}-metrics`]);
     // The bridge's API Service does not expose the unauthenticated metrics port.
     expect(out.one('Service', BRIDGE).spec.ports.map((p: k8s.V1ServicePort) => p.name)).toEqual(['http']);
 
@@ -612,6 +617,7 @@ describe('monitoring', () => {
       'SandboxBridgeBoxesNearLimit',
       'SandboxBridgeRestarted',
       'SandboxBridgeUnhealthy',
+      'SandboxEgressGatewayDown',
       'SandboxBoxesOOMKilled',
       'SandboxBoxesCrashing',
       'SandboxBoxImagePullFailing',
@@ -661,9 +667,9 @@ describe('monitoring', () => {
 });
 
 describe('pods and security', () => {
-  test('both programs: non-root 65534, read-only root, no capabilities, RuntimeDefault seccomp, no privilege escalation', () => {
+  test('every program (bridge, operator, egress gateway): non-root 65534, read-only root, no capabilities, RuntimeDefault seccomp, no privilege escalation', () => {
     const out = template();
-    for (const name of [BRIDGE, OPERATOR]) {
+    for (const name of [BRIDGE, OPERATOR, GATEWAY]) {
       const spec = out.one('Deployment', name).spec.template.spec as k8s.V1PodSpec;
       expect(spec.securityContext).toMatchObject({ runAsNonRoot: true, runAsUser: 65534, seccompProfile: { type: 'RuntimeDefault' } });
       for (const c of spec.containers) {
@@ -755,6 +761,7 @@ describe('pods and security', () => {
       gateway: {
         namespace: 'bridge-ns',
         podLabels: { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/instance': 'rel', 'app.kubernetes.io/component': 'egress-gateway' },
+        service: GATEWAY,
       },
     });
   });
@@ -765,5 +772,336 @@ describe('pods and security', () => {
     expect(out.stderr).toContain('rbac.targetNamespace and rbac.extraPoolNamespaces must differ from the release namespace');
     const extra = template({ secret: { token: TOKEN }, rbac: { extraPoolNamespaces: ['bridge-ns'] } });
     expect(extra.status).not.toBe(0);
+  });
+});
+
+describe('egress gateway', () => {
+  const GATEWAY_SA = GATEWAY;
+  const KEY_FILE = '/var/run/secrets/sandbox-bridge-egress/key';
+  const RESOLVER_KEY_FILE = '/var/run/secrets/sandbox-bridge-egress-resolver/key';
+  const SELECTOR = { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/instance': 'rel', 'app.kubernetes.io/component': 'egress-gateway' };
+  const GATEWAY_NAMESPACED_RULES = [
+    { apiGroups: [''], resources: ['pods', 'secrets'], verbs: ['list', 'watch'] },
+    { apiGroups: [''], resources: ['events'], verbs: ['create', 'patch'] },
+  ];
+  const GATEWAY_CLUSTER_RULES = [{ apiGroups: ['sandbox-bridge.io'], resources: ['sandboxpools'], verbs: ['list', 'watch'] }];
+  const args = (out: ReturnType<typeof template>) => containers(out.one('Deployment', GATEWAY))[0]!.args!;
+  const volume = (doc: Doc, name: string) => (doc.spec.template.spec.volumes as k8s.V1Volume[]).find((v) => v.name === name);
+  const gatewayDocs = (out: ReturnType<typeof template>) =>
+    out.docs.filter((d) => d.metadata.labels?.['app.kubernetes.io/component'] === 'egress-gateway').map((d) => `${d.kind}/${d.metadata.name}`);
+
+  test('on by default: values, and every object of the gateway', () => {
+    // eslint-disable-next-line @typescript-eslint/no-explicit-any
+    const v = (load(readFileSync(join(CHART, 'values.yaml'), 'utf8')) as any).egressGateway;
+    expect(v).toMatchObject({
+      enabled: true,
+      replicas: 2,
+      image: { repository: 'ghcr.io/sandbox-bridge/egress-gateway', tag: '', pullPolicy: 'IfNotPresent' },
+      podDisruptionBudget: { enabled: true, minAvailable: 1 },
+      autoscaling: { enabled: false, targetCPUUtilization: 70 },
+      key: '',
+      existingSecret: '',
+      networkPolicy: { extraEgress: [] },
+    });
+    expect(gatewayDocs(template()).sort()).toEqual(
+      [
+        `ClusterRole/${GATEWAY}`,
+        `ClusterRoleBinding/${GATEWAY}`,
+        `Deployment/${GATEWAY}`,
+        `NetworkPolicy/${GATEWAY}`,
+        `PodDisruptionBudget/${GATEWAY}`,
+        `Role/${GATEWAY}`,
+        `RoleBinding/${GATEWAY}`,
+        ...EGRESS_SECRETS.map((n) => `Secret/${n}`),
+        `Service/${GATEWAY}`,
+        `Service/${GATEWAY}-metrics`,
+        `ServiceAccount/${GATEWAY_SA}`,
+      ].sort(),
+    );
+  });
+
+  test('the Deployment: the Kubernetes source in the sandbox namespace, its keys as files, probes on the metrics port, spread over nodes', () => {
+    const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string };
+    const out = template({ secret: { token: TOKEN }, rbac: { targetNamespace: 'boxes' } });
+    const dep = out.one('Deployment', GATEWAY);
+    expect(dep.spec.replicas).toBe(2);
+    expect(dep.spec.selector.matchLabels).toEqual(SELECTOR);
+    const pod = dep.spec.template.spec as k8s.V1PodSpec;
+    expect(pod.serviceAccountName).toBe(GATEWAY_SA);
+    expect(pod.automountServiceAccountToken).toBe(true); // it watches the API server
+    expect(out.one('ServiceAccount', GATEWAY_SA).automountServiceAccountToken).toBe(false);
+    const c = pod.containers[0]!;
+    expect(c.image).toBe(`ghcr.io/sandbox-bridge/egress-gateway:${pkg.version}`);
+    expect(c.args).toEqual([
+      'serve',
+      '-source=kubernetes',
+      '-kube-namespace=boxes',
+      '-listen=:3128',
+      '-metrics-listen=:9090',
+      `-key-file=${KEY_FILE}`,
+      `-resolver-key-file=${RESOLVER_KEY_FILE}`,
+    ]);
+    expect(c.env).toBeUndefined(); // nothing secret, nothing at all by default
+    expect(c.ports).toEqual([
+      { name: 'proxy', containerPort: 3128, protocol: 'TCP' },
+      { name: 'metrics', containerPort: 9090, protocol: 'TCP' },
+    ]);
+    expect(c.livenessProbe?.httpGet).toEqual({ path: '/healthz', port: 'metrics' });
+    expect(c.readinessProbe?.httpGet).toEqual({ path: '/readyz', port: 'metrics' });
+    expect(c.resources).toEqual({ requests: { cpu: '50m', memory: '64Mi' }, limits: { cpu: '1', memory: '256Mi' } });
+    expect(c.volumeMounts).toEqual([
+      { name: 'egress-key', mountPath: '/var/run/secrets/sandbox-bridge-egress', readOnly: true },
+      { name: 'resolver-key', mountPath: '/var/run/secrets/sandbox-bridge-egress-resolver', readOnly: true },
+    ]);
+    expect(volume(dep, 'egress-key')!.secret).toMatchObject({ secretName: 'rel-sandbox-bridge-egress-key', items: [{ key: 'key', path: 'key' }] });
+    expect(volume(dep, 'resolver-key')!.secret).toMatchObject({ secretName: 'rel-sandbox-bridge-egress-resolver-key', items: [{ key: 'key', path: 'key' }] });
+    expect(pod.topologySpreadConstraints).toEqual([
+      { maxSkew: 1, topologyKey: 'kubernetes.io/hostname', whenUnsatisfiable: 'ScheduleAnyway', labelSelector: { matchLabels: SELECTOR } },
+    ]);
+    // A generated key never changes, so nothing rolls the pods for it.
+    expect(dep.spec.template.metadata.annotations?.['checksum/egress-key']).toBeUndefined();
+    for (const name of EGRESS_SECRETS) {
+      expect(Buffer.from(out.one('Secret', name).data.key, 'base64').toString()).toMatch(/^[A-Za-z0-9]{64}$/);
+    }
+  });
+
+  test('Services: the proxy on 3128 under the name the pool is given; metrics on 9090 in a scraped Service of its own', () => {
+    const out = template();
+    const proxy = out.one('Service', GATEWAY);
+    expect(proxy.spec).toEqual({ type: 'ClusterIP', selector: SELECTOR, ports: [{ name: 'proxy', port: 3128, targetPort: 'proxy', protocol: 'TCP' }] });
+    const metrics = out.one('Service', `${GATEWAY}-metrics`);
+    expect(metrics.metadata.labels).toMatchObject({ 'sandbox-bridge.io/scrape': 'true' });
+    expect(metrics.spec).toEqual({ type: 'ClusterIP', selector: SELECTOR, ports: [{ name: 'metrics', port: 9090, targetPort: 'metrics', protocol: 'TCP' }] });
+    expect(out.one('SandboxPool').spec.egress.gateway.service).toBe(proxy.metadata.name);
+  });
+
+  test('the bridge and the operator mount the same egress key and read it from EGRESS_KEY_FILE; only the gateway has the resolver key', () => {
+    const out = template();
+    const gateway = out.one('Deployment', GATEWAY);
+    for (const name of [BRIDGE, OPERATOR]) {
+      const dep = out.one('Deployment', name);
+      expect(env(dep).EGRESS_KEY_FILE).toBe(KEY_FILE);
+      expect(volume(dep, 'egress-key')).toEqual(volume(gateway, 'egress-key'));
+      expect(containers(dep)[0]!.volumeMounts).toContainEqual({ name: 'egress-key', mountPath: '/var/run/secrets/sandbox-bridge-egress', readOnly: true });
+      expect(volume(dep, 'resolver-key')).toBeUndefined();
+    }
+  });
+
+  test('disabled: nothing of the gateway, no key for the bridge and operator; a gateway-mode pool then fails the install', () => {
+    const out = template({ secret: { token: TOKEN }, egressGateway: { enabled: false } }, { apiVersions: MONITORING_APIS });
+    expect(out.status).toBe(0);
+    expect(gatewayDocs(out)).toEqual([]);
+    for (const name of [BRIDGE, OPERATOR]) {
+      expect(env(out.one('Deployment', name)).EGRESS_KEY_FILE).toBeUndefined();
+      expect(volume(out.one('Deployment', name), 'egress-key')).toBeUndefined();
+    }
+    expect((out.one('PrometheusRule').spec.groups[0].rules as Array<{ alert: string }>).map((r) => r.alert)).not.toContain('SandboxEgressGatewayDown');
+    const gatewayPool = template({ secret: { token: TOKEN }, egressGateway: { enabled: false }, pool: { egress: { mode: 'gateway' } } });
+    expect(gatewayPool.status).not.toBe(0);
+    expect(gatewayPool.stderr).toContain('pool.egress.mode=gateway needs the egress gateway: set egressGateway.enabled=true');
+    expect(template({ secret: { token: TOKEN }, pool: { egress: { mode: 'gateway' } } }).one('SandboxPool').spec.egress.mode).toBe('gateway');
+  });
+
+  test('RBAC, namespaced (default): pools cluster-wide, pods and secrets list/watch and events only in the sandbox namespace', () => {
+    const out = template({ secret: { token: TOKEN }, rbac: { targetNamespace: 'boxes', extraPoolNamespaces: ['boxes-b'] } });
+    expect(out.one('ClusterRole', GATEWAY).rules).toEqual(GATEWAY_CLUSTER_RULES);
+    expect(out.one('ClusterRoleBinding', GATEWAY).subjects).toEqual([{ kind: 'ServiceAccount', name: GATEWAY_SA, namespace: 'bridge-ns' }]);
+    const role = out.one('Role', GATEWAY);
+    expect(role.metadata.namespace).toBe('boxes');
+    expect(role.rules).toEqual(GATEWAY_NAMESPACED_RULES);
+    const binding = out.one('RoleBinding', GATEWAY);
+    expect(binding.metadata.namespace).toBe('boxes');
+    expect(binding.roleRef).toEqual({ apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name: GATEWAY });
+    expect(binding.subjects).toEqual([{ kind: 'ServiceAccount', name: GATEWAY_SA, namespace: 'bridge-ns' }]);
+    // It watches the one namespace it has a Role in, and admits box pods of that namespace only.
+    expect(args(out)).toContain('-kube-namespace=boxes');
+    expect(out.one('NetworkPolicy', GATEWAY).spec.ingress[0].from.map((p: k8s.V1NetworkPolicyPeer) => p.namespaceSelector?.matchLabels)).toEqual([
+      { 'kubernetes.io/metadata.name': 'boxes' },
+    ]);
+  });
+
+  test('RBAC, rbac.namespaced=false: one ClusterRole, every namespace watched, box pods of every pool namespace admitted', () => {
+    const out = template({ secret: { token: TOKEN }, rbac: { namespaced: false, targetNamespace: 'boxes', extraPoolNamespaces: ['boxes-b'] } });
+    expect(out.all('Role').filter((r) => r.metadata.name === GATEWAY)).toHaveLength(0);
+    expect(out.all('RoleBinding').filter((r) => r.metadata.name === GATEWAY)).toHaveLength(0);
+    expect(out.one('ClusterRole', GATEWAY).rules).toEqual([...GATEWAY_CLUSTER_RULES, ...GATEWAY_NAMESPACED_RULES]);
+    expect(args(out).filter((a) => a.startsWith('-kube-namespace'))).toEqual([]);
+    expect(out.one('NetworkPolicy', GATEWAY).spec.ingress[0].from).toEqual(
+      ['boxes', 'boxes-b'].map((ns) => ({ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': ns } }, podSelector: { matchLabels: { 'sandbox-bridge.io/box': 'true' } } })),
+    );
+    expect(template({ secret: { token: TOKEN }, egressGateway: { rbac: { create: false } } }).all('ClusterRole').map((r) => r.metadata.name)).not.toContain(GATEWAY);
+  });
+
+  test('HPA on: CPU only, and the Deployment leaves replicas to it; PDB minAvailable 1 (can be turned off)', () => {
+    const out = template({ secret: { token: TOKEN }, egressGateway: { autoscaling: { enabled: true, minReplicas: 3, maxReplicas: 12 } } });
+    const hpa = out.one('HorizontalPodAutoscaler', GATEWAY);
+    expect(hpa.apiVersion).toBe('autoscaling/v2');
+    expect(hpa.spec).toEqual({
+      scaleTargetRef: { apiVersion: 'apps/v1', kind: 'Deployment', name: GATEWAY },
+      minReplicas: 3,
+      maxReplicas: 12,
+      metrics: [{ type: 'Resource', resource: { name: 'cpu', target: { type: 'Utilization', averageUtilization: 70 } } }],
+    });
+    expect(out.one('Deployment', GATEWAY).spec.replicas).toBeUndefined();
+    expect(template().all('HorizontalPodAutoscaler')).toHaveLength(0);
+    expect(template().one('PodDisruptionBudget', GATEWAY).spec).toEqual({ minAvailable: 1, selector: { matchLabels: SELECTOR } });
+    expect(template({ secret: { token: TOKEN }, egressGateway: { podDisruptionBudget: { enabled: false } } }).all('PodDisruptionBudget').map((p) => p.metadata.name)).toEqual([BRIDGE, OPERATOR]);
+  });
+
+  test('existing key Secrets: nothing generated; the gateway, bridge and operator mount them under their keys', () => {
+    const out = template({
+      secret: { token: TOKEN },
+      egressGateway: { existingSecret: 'my-egress', secretKey: 'keys', resolverKey: { existingSecret: 'my-resolver', secretKey: 'hmac' } },
+    });
+    expect(out.all('Secret').map((s) => s.metadata.name)).toEqual(['rel-sandbox-bridge-boxd-key', 'rel-sandbox-bridge-token']);
+    for (const name of [GATEWAY, BRIDGE, OPERATOR]) {
+      expect(volume(out.one('Deployment', name), 'egress-key')!.secret).toMatchObject({ secretName: 'my-egress', items: [{ key: 'keys', path: 'key' }] });
+      expect(out.one('Deployment', name).spec.template.metadata.annotations?.['checksum/egress-key']).toBeUndefined();
+    }
+    expect(volume(out.one('Deployment', GATEWAY), 'resolver-key')!.secret).toMatchObject({ secretName: 'my-resolver', items: [{ key: 'hmac', path: 'key' }] });
+  });
+
+  test('a given key file is used as is and rolls all three when it changes; short keys fail', () => {
+    const key = `${'n'.repeat(40)}\n${'o'.repeat(40)}`;
+    const values = (k: string) => ({ secret: { token: TOKEN }, egressGateway: { key: k, resolverKey: { key: 'r'.repeat(32) } } });
+    const out = template(values(key));
+    expect(Buffer.from(out.one('Secret', EGRESS_SECRETS[0]).data.key, 'base64').toString()).toBe(key);
+    expect(Buffer.from(out.one('Secret', EGRESS_SECRETS[1]).data.key, 'base64').toString()).toBe('r'.repeat(32));
+    const checksums = [GATEWAY, BRIDGE, OPERATOR].map((name) => out.one('Deployment', name).spec.template.metadata.annotations['checksum/egress-key'] as string);
+    expect(checksums[0]).toMatch(/^[0-9a-f]{64}$/);
+    expect(new Set(checksums).size).toBe(1);
+    const rotated = template(values(`${'p'.repeat(40)}\n${key}`));
+    expect(rotated.one('Deployment', BRIDGE).spec.template.metadata.annotations['checksum/egress-key']).not.toBe(checksums[0]);
+    // No key in any pod spec.
+    for (const name of [GATEWAY, BRIDGE, OPERATOR]) expect(JSON.stringify(out.one('Deployment', name))).not.toContain('n'.repeat(40));
+    for (const bad of [{ key: 'short' }, { key: `${'n'.repeat(40)}\nshort` }, { resolverKey: { key: 'short' } }]) {
+      const res = template({ secret: { token: TOKEN }, egressGateway: bad });
+      expect({ bad, status: res.status }).toEqual({ bad, status: 1 });
+    }
+  });
+
+  test('NetworkPolicy: boxes in on 3128, Prometheus on 9090; out DNS, the API server, and the internet on any TCP port but not private ranges', () => {
+    const out = template({ secret: { token: TOKEN }, rbac: { targetNamespace: 'boxes' }, networkPolicy: { egressCIDRs: ['10.0.0.1/32'] } });
+    const np = out.one('NetworkPolicy', GATEWAY);
+    expect(np.spec.podSelector).toEqual({ matchLabels: SELECTOR });
+    expect(np.spec.policyTypes).toEqual(['Ingress', 'Egress']);
+    expect(np.spec.ingress).toEqual([
+      {
+        ports: [{ protocol: 'TCP', port: 3128 }],
+        from: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'boxes' } }, podSelector: { matchLabels: { 'sandbox-bridge.io/box': 'true' } } }],
+      },
+      {
+        ports: [{ protocol: 'TCP', port: 9090 }],
+        from: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'monitoring' } }, podSelector: { matchLabels: { 'app.kubernetes.io/name': 'prometheus' } } }],
+      },
+    ]);
+    expect(np.spec.egress).toEqual([
+      {
+        to: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'kube-system' } }, podSelector: { matchLabels: { 'k8s-app': 'kube-dns' } } }, { ipBlock: { cidr: '169.254.20.10/32' } }],
+        ports: [
+          { protocol: 'UDP', port: 53 },
+          { protocol: 'TCP', port: 53 },
+        ],
+      },
+      { to: [{ ipBlock: { cidr: '10.0.0.1/32' } }], ports: [{ protocol: 'TCP', port: 443 }, { protocol: 'TCP', port: 6443 }] },
+      {
+        to: [
+          { ipBlock: { cidr: '0.0.0.0/0', except: ['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10', '169.254.0.0/16', '127.0.0.0/8', '0.0.0.0/8'] } },
+          { ipBlock: { cidr: '::/0', except: ['fc00::/7', 'fe80::/10', '::1/128', '::/128'] } },
+        ],
+        ports: [{ protocol: 'TCP' }],
+      },
+    ]);
+    // Nothing reaches boxd (7771) or any pod of the cluster by selector.
+    expect(JSON.stringify(np.spec.egress)).not.toContain(String(BOXD_PORT));
+  });
+
+  test('NetworkPolicy: extraEgress (an in-cluster credential resolver) is added; [] metrics sources admit nobody there; off with networkPolicy.enabled', () => {
+    const resolver = { to: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'vault' } } }], ports: [{ port: 8443, protocol: 'TCP' }] };
+    const out = template({ secret: { token: TOKEN }, egressGateway: { networkPolicy: { extraEgress: [resolver] } }, networkPolicy: { metricsIngressFrom: [] } });
+    const np = out.one('NetworkPolicy', GATEWAY);
+    expect(np.spec.egress.at(-1)).toEqual(resolver);
+    expect(np.spec.egress).toHaveLength(4);
+    expect(np.spec.ingress.map((r: k8s.V1NetworkPolicyIngressRule) => r.ports?.[0]?.port)).toEqual([3128]);
+    expect(out.one('NetworkPolicy', BRIDGE).spec.egress).not.toContainEqual(resolver);
+    expect(template({ secret: { token: TOKEN }, networkPolicy: { enabled: false } }).all('NetworkPolicy')).toHaveLength(0);
+  });
+
+  test('upstream CA from a Secret or a ConfigMap: mounted and passed as -upstream-ca; both at once fail', () => {
+    const fromSecret = template({ secret: { token: TOKEN }, egressGateway: { upstreamCA: { secretName: 'corp-ca', key: 'bundle.pem' } } });
+    expect(args(fromSecret)).toContain('-upstream-ca=/etc/sandbox-bridge/upstream-ca/ca.crt');
+    const dep = fromSecret.one('Deployment', GATEWAY);
+    expect(volume(dep, 'upstream-ca')!.secret).toMatchObject({ secretName: 'corp-ca', items: [{ key: 'bundle.pem', path: 'ca.crt' }] });
+    expect(containers(dep)[0]!.volumeMounts).toContainEqual({ name: 'upstream-ca', mountPath: '/etc/sandbox-bridge/upstream-ca', readOnly: true });
+    const fromConfigMap = template({ secret: { token: TOKEN }, egressGateway: { upstreamCA: { configMapName: 'corp-ca' } } });
+    expect(volume(fromConfigMap.one('Deployment', GATEWAY), 'upstream-ca')!.configMap).toMatchObject({ name: 'corp-ca', items: [{ key: 'ca.crt', path: 'ca.crt' }] });
+    expect(args(template()).filter((a) => a.startsWith('-upstream-ca'))).toEqual([]);
+    const both = template({ secret: { token: TOKEN }, egressGateway: { upstreamCA: { secretName: 'a', configMapName: 'b' } } });
+    expect(both.status).not.toBe(0);
+    expect(both.stderr).toContain('egressGateway.upstreamCA: set secretName or configMapName, not both');
+  });
+
+  test('placement, hostAliases, extraArgs and extraEnv pass through; spreading can be replaced or turned off', () => {
+    const spread = { maxSkew: 2, topologyKey: 'topology.kubernetes.io/zone', whenUnsatisfiable: 'DoNotSchedule', labelSelector: { matchLabels: { custom: 'x' } } };
+    const out = template({
+      secret: { token: TOKEN },
+      egressGateway: {
+        replicas: 3,
+        image: { repository: 'registry.example.com/egw', tag: 'v2', pullPolicy: 'Always' },
+        hostAliases: [{ ip: '203.0.113.7', hostnames: ['resolver.example.internal'] }],
+        extraArgs: ['-idle-timeout=10m', '-max-conns-per-box=512'],
+        extraEnv: [{ name: 'GOMEMLIMIT', value: '230MiB' }],
+        nodeSelector: { pool: 'egress' },
+        tolerations: [{ key: 'egress', operator: 'Exists' }],
+        affinity: { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: [{ matchExpressions: [{ key: 'k', operator: 'Exists' }] }] } } },
+        topologySpreadConstraints: [spread],
+        podAnnotations: { a: 'b' },
+        podLabels: { team: 'net' },
+      },
+    });
+    const dep = out.one('Deployment', GATEWAY);
+    const pod = dep.spec.template.spec as k8s.V1PodSpec;
+    expect(dep.spec.replicas).toBe(3);
+    expect(pod.containers[0]!.image).toBe('registry.example.com/egw:v2');
+    expect(pod.containers[0]!.imagePullPolicy).toBe('Always');
+    expect(pod.hostAliases).toEqual([{ ip: '203.0.113.7', hostnames: ['resolver.example.internal'] }]);
+    expect(pod.containers[0]!.args!.slice(-2)).toEqual(['-idle-timeout=10m', '-max-conns-per-box=512']);
+    expect(pod.containers[0]!.env).toEqual([{ name: 'GOMEMLIMIT', value: '230MiB' }]);
+    expect(pod.nodeSelector).toEqual({ pool: 'egress' });
+    expect(pod.tolerations).toEqual([{ key: 'egress', operator: 'Exists' }]);
+    expect(pod.affinity?.nodeAffinity).toBeDefined();
+    expect(pod.topologySpreadConstraints).toEqual([spread]);
+    expect(dep.spec.template.metadata.annotations).toEqual({ a: 'b' });
+    expect(dep.spec.template.metadata.labels).toMatchObject({ ...SELECTOR, team: 'net' });
+    expect(template({ secret: { token: TOKEN }, egressGateway: { topologySpreadConstraints: [] } }).one('Deployment', GATEWAY).spec.template.spec.topologySpreadConstraints).toBeUndefined();
+    expect(template({ secret: { token: TOKEN }, egressGateway: { extraArgs: ['not-a-flag'] } }).status).not.toBe(0);
+    const digest = `sha256:${'b'.repeat(64)}`;
+    expect(containers(template({ secret: { token: TOKEN }, egressGateway: { image: { digest } } }).one('Deployment', GATEWAY))[0]!.image).toBe(`ghcr.io/sandbox-bridge/egress-gateway@${digest}`);
+  });
+
+  test('the pool: the gateway Service, an optional host, and the credential resolver passed through as the CRD takes it', () => {
+    const resolver = { url: 'https://resolver.platform.svc:8443/egress', hosts: ['api.github.com', '*.example.com'], ttlSeconds: 60 };
+    const pool = template({
+      secret: { token: TOKEN },
+      pool: { egress: { mode: 'gateway', domains: { allow: ['api.github.com'] }, gateway: { host: 'egress.example.internal' }, credentialResolver: resolver } },
+    }).one('SandboxPool');
+    expect(pool.spec.egress.gateway).toEqual({ namespace: 'bridge-ns', podLabels: SELECTOR, service: GATEWAY, host: 'egress.example.internal' });
+    expect(pool.spec.egress.credentialResolver).toEqual(resolver);
+    expect(pool.spec.egress.mode).toBe('gateway');
+    const plain = template().one('SandboxPool').spec.egress;
+    expect(plain.gateway.host).toBeUndefined();
+    expect(plain.credentialResolver).toBeUndefined();
+    for (const bad of [{ url: 'ftp://x', hosts: ['a.com'] }, { url: 'https://x', hosts: [] }, { url: 'https://x', hosts: ['*'] }, { url: 'https://x' }]) {
+      const res = template({ secret: { token: TOKEN }, pool: { egress: { credentialResolver: bad } } });
+      expect({ bad, status: res.status }).toEqual({ bad, status: 1 });
+    }
+  });
+
+  test('monitoring: the ServiceMonitor scrapes its metrics Service; an alert when no replica is up', () => {
+    const out = template(undefined, { apiVersions: MONITORING_APIS });
+    const rules = out.one('PrometheusRule').spec.groups[0].rules as Array<{ alert: string; expr: string; labels: Record<string, string> }>;
+    const down = rules.find((r) => r.alert === 'SandboxEgressGatewayDown')!;
+    expect(down.expr).toBe(`absent(up{namespace="bridge-ns", job="${GATEWAY}-metrics"} == 1)`);
+    expect(down.labels).toEqual({ severity: 'critical' });
   });
 });

@@ -158,3 +158,66 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* Egress gateway (egress-gateway-*.yaml, rbac-egress-gateway.yaml). */}}
+{{- define "sandbox-bridge.egressGatewayName" -}}
+{{- printf "%s-egress-gateway" (include "sandbox-bridge.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sandbox-bridge.egressGatewayServiceAccountName" -}}
+{{- if .Values.egressGateway.serviceAccount.create }}
+{{- default (include "sandbox-bridge.egressGatewayName" .) .Values.egressGateway.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.egressGateway.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sandbox-bridge.egressGatewayImage" -}}
+{{- $image := .Values.egressGateway.image }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the egress key file (proxy credentials): existingSecret, or the chart's own. */}}
+{{- define "sandbox-bridge.egressKeySecretName" -}}
+{{- default (printf "%s-egress-key" (include "sandbox-bridge.fullname" .)) .Values.egressGateway.existingSecret }}
+{{- end }}
+
+{{/* The Secret holding the key the gateway signs credential resolver calls with. */}}
+{{- define "sandbox-bridge.egressResolverKeySecretName" -}}
+{{- default (printf "%s-egress-resolver-key" (include "sandbox-bridge.fullname" .)) .Values.egressGateway.resolverKey.existingSecret }}
+{{- end }}
+
+{{/* Where the gateway, the bridge and the operator read the egress key file (EGRESS_KEY_FILE, -key-file). */}}
+{{- define "sandbox-bridge.egressKeyFile" -}}
+/var/run/secrets/sandbox-bridge-egress/key
+{{- end }}
+
+{{/* The egress key as a volume (one file, `key`), the same in every pod that mounts it. */}}
+{{- define "sandbox-bridge.egressKeyVolume" -}}
+- name: egress-key
+  secret:
+    secretName: {{ include "sandbox-bridge.egressKeySecretName" . }}
+    defaultMode: 0440
+    items:
+      - key: {{ if .Values.egressGateway.existingSecret }}{{ .Values.egressGateway.secretKey }}{{ else }}key{{ end }}
+        path: key
+{{- end }}
+
+{{- define "sandbox-bridge.egressKeyMount" -}}
+- name: egress-key
+  mountPath: /var/run/secrets/sandbox-bridge-egress
+  readOnly: true
+{{- end }}
+
+{{/* A `helm upgrade` that changes egressGateway.key rolls the gateway, the bridge and the
+     operator (each reads the key file at start). Empty for a generated key (it never changes)
+     and for existingSecret (rotate it, then restart them: docs/chart.md). */}}
+{{- define "sandbox-bridge.egressKeyChecksum" -}}
+{{- if and .Values.egressGateway.enabled .Values.egressGateway.key (not .Values.egressGateway.existingSecret) }}
+{{- include (print .Template.BasePath "/egress-key-secret.yaml") . | sha256sum }}
+{{- end }}
+{{- end }}
