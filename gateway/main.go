@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 	"sandbox-bridge.io/gateway/kube"
 	"sandbox-bridge.io/gateway/metrics"
 	"sandbox-bridge.io/gateway/proxy"
+	"sandbox-bridge.io/gateway/resolver"
 	"sandbox-bridge.io/gateway/source"
 )
 
@@ -39,6 +41,7 @@ type config struct {
 	listen, metricsListen     string
 	source                    string
 	policyFile, keyFile       string
+	resolverKeyFile           string
 	kube                      kubeFlags
 	caCert, caKey, upstreamCA string
 	idle, hello, dial         time.Duration
@@ -92,6 +95,8 @@ func parseFlags(args []string) (config, error) {
 		"read box credentials from the records' egress-credentials key; false: watch records as metadata only, no credentials (EGRESS_KUBE_CREDENTIALS)")
 	fs.StringVar(&c.kube.namespace, "kube-namespace", env("EGRESS_KUBE_NAMESPACE", ""), "watch box pods and records in this namespace only (EGRESS_KUBE_NAMESPACE; default all: needs a ClusterRole)")
 	fs.StringVar(&c.keyFile, "key-file", env("EGRESS_KEY_FILE", ""), "proxy credential keys, one per line, the first signs (EGRESS_KEY_FILE, required)")
+	fs.StringVar(&c.resolverKeyFile, "resolver-key-file", env("EGRESS_RESOLVER_KEY_FILE", ""),
+		"the key requests to the pools' credential resolvers are signed with: the file's first non-empty line (EGRESS_RESOLVER_KEY_FILE; without it those pools' resolver hosts are refused, 502)")
 	fs.StringVar(&c.caCert, "ca-cert", env("EGRESS_CA_CERT", ""), "interception CA certificate, PEM (EGRESS_CA_CERT; without it no interception)")
 	fs.StringVar(&c.caKey, "ca-key", env("EGRESS_CA_KEY", ""), "interception CA private key, PEM (EGRESS_CA_KEY)")
 	fs.StringVar(&c.upstreamCA, "upstream-ca", env("EGRESS_UPSTREAM_CA", ""), "extra CA bundle, PEM, trusted for intercepted hosts besides the system roots (EGRESS_UPSTREAM_CA)")
@@ -200,6 +205,14 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		}
 	}
 	m := metrics.New()
+	res := &resolver.Client{HTTP: resolver.NewHTTPClient(roots), OnResult: func(r resolver.Result) { m.Resolver(string(r)) }}
+	if c.resolverKeyFile != "" {
+		if res.Key, err = loadResolverKey(c.resolverKeyFile); err != nil {
+			return err
+		}
+	} else {
+		log.Warn("no -resolver-key-file: the gateway asks no credential resolver, and the hosts of pools that have one are refused (502 resolver:error)")
+	}
 	var src runSource
 	switch c.source {
 	case "kubernetes":
@@ -228,7 +241,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		dialer.Control = refusePrivate
 	}
 	p := proxy.New(proxy.Config{
-		Source: src, Keys: keys, CA: ca, UpstreamRoots: roots, Dial: dialer.DialContext, Log: log, Metrics: m,
+		Source: src, Keys: keys, CA: ca, Resolver: res, UpstreamRoots: roots, Dial: dialer.DialContext, Log: log, Metrics: m,
 		IdleTimeout: c.idle, HelloTimeout: c.hello, DialTimeout: c.dial, MaxConnsPerBox: c.maxConnsPerBox,
 	})
 
@@ -261,6 +274,21 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		metricsSrv.Shutdown(sctx)
 	}
 	return err
+}
+
+// loadResolverKey reads the resolver signing key: the first non-empty line, trimmed, as bytes (as
+// the operator's webhook key and the egress key files are read).
+func loadResolverKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("resolver key file: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line != "" {
+			return []byte(line), nil
+		}
+	}
+	return nil, fmt.Errorf("resolver key file %s holds no key", path)
 }
 
 // runSource is a Source that keeps itself current until its context ends.

@@ -103,3 +103,26 @@ func TestCredentialCommand(t *testing.T) {
 		t.Fatalf("one argument (the v1 form): %v", err)
 	}
 }
+
+func TestResolverKeyFile(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "resolver-key")
+	os.WriteFile(p, []byte("\n  the-resolver-key-0123456789abcdef  \nsecond line ignored\n"), 0o600)
+	k, err := loadResolverKey(p)
+	if err != nil || string(k) != "the-resolver-key-0123456789abcdef" {
+		t.Fatalf("key %q, %v", k, err)
+	}
+	os.WriteFile(p, []byte("\n \n"), 0o600)
+	if _, err := loadResolverKey(p); err == nil || !strings.Contains(err.Error(), "holds no key") {
+		t.Fatalf("an empty file: %v", err)
+	}
+	if _, err := loadResolverKey(p + ".missing"); err == nil {
+		t.Fatal("a missing file: want an error")
+	}
+	t.Setenv("EGRESS_POLICY_FILE", "/p.json")
+	t.Setenv("EGRESS_KEY_FILE", "/k")
+	t.Setenv("EGRESS_RESOLVER_KEY_FILE", "/etc/egress/resolver-key")
+	if c, err := parseFlags(nil); err != nil || c.resolverKeyFile != "/etc/egress/resolver-key" {
+		t.Fatalf("EGRESS_RESOLVER_KEY_FILE: %q %v", c.resolverKeyFile, err)
+	}
+}

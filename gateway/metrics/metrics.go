@@ -21,6 +21,9 @@ type Metrics struct {
 	mu        sync.Mutex
 	decisions map[[2]string]uint64 // (kind, decision) -> count
 	reloads   map[string]uint64    // result -> count
+	resolver  map[string]uint64    // credential resolver requests: result -> count
+	events    map[string]uint64    // denial Events: result -> count
+	cacheHits uint64               // credential lookups answered from the resolver cache
 
 	BytesUp, BytesDown atomic.Uint64
 	Active             atomic.Int64
@@ -32,7 +35,8 @@ type Metrics struct {
 
 // New returns empty metrics.
 func New() *Metrics {
-	return &Metrics{decisions: map[[2]string]uint64{}, reloads: map[string]uint64{}, hist: make([]uint64, len(Buckets)+1)}
+	return &Metrics{decisions: map[[2]string]uint64{}, reloads: map[string]uint64{}, resolver: map[string]uint64{},
+		events: map[string]uint64{}, hist: make([]uint64, len(Buckets)+1)}
 }
 
 // Decision counts one decision: kind "connect" or "http", decision "allow", "intercept",
@@ -51,6 +55,26 @@ func (m *Metrics) Reload(ok bool) {
 	}
 	m.mu.Lock()
 	m.reloads[r]++
+	m.mu.Unlock()
+}
+
+// Resolver counts one credential lookup of a pool's resolver: "headers", "none" or "error" (a
+// request was sent), or "cache" (answered from the cache).
+func (m *Metrics) Resolver(result string) {
+	m.mu.Lock()
+	if result == "cache" {
+		m.cacheHits++
+	} else {
+		m.resolver[result]++
+	}
+	m.mu.Unlock()
+}
+
+// Event counts one denial Event: "created", "failed" (the API server refused or did not answer)
+// or "dropped" (more boxes with denials at once than the aggregator keeps).
+func (m *Metrics) Event(result string) {
+	m.mu.Lock()
+	m.events[result]++
 	m.mu.Unlock()
 }
 
@@ -82,6 +106,16 @@ func (m *Metrics) WriteTo(w io.Writer) (int64, error) {
 	b.WriteString("# HELP egress_gateway_policy_loads_total Policy source loads by result.\n# TYPE egress_gateway_policy_loads_total counter\n")
 	for _, r := range []string{"ok", "error"} {
 		fmt.Fprintf(&b, "egress_gateway_policy_loads_total{result=%q} %d\n", r, m.reloads[r])
+	}
+	b.WriteString("# HELP egress_gateway_resolver_requests_total Requests to the pools' credential resolvers by result (headers, none, error).\n# TYPE egress_gateway_resolver_requests_total counter\n")
+	for _, r := range []string{"headers", "none", "error"} {
+		fmt.Fprintf(&b, "egress_gateway_resolver_requests_total{result=%q} %d\n", r, m.resolver[r])
+	}
+	b.WriteString("# HELP egress_gateway_resolver_cache_hits_total Credential lookups answered from the resolver cache (no request).\n# TYPE egress_gateway_resolver_cache_hits_total counter\n")
+	fmt.Fprintf(&b, "egress_gateway_resolver_cache_hits_total %d\n", m.cacheHits)
+	b.WriteString("# HELP egress_gateway_denial_events_total Aggregated EgressDenied Events on box pods by result (created, failed, dropped).\n# TYPE egress_gateway_denial_events_total counter\n")
+	for _, r := range []string{"created", "failed", "dropped"} {
+		fmt.Fprintf(&b, "egress_gateway_denial_events_total{result=%q} %d\n", r, m.events[r])
 	}
 	b.WriteString("# HELP egress_gateway_connect_seconds Time from a proxy request to its upstream connection (intercepted: to the first answer's headers).\n# TYPE egress_gateway_connect_seconds histogram\n")
 	var cum uint64

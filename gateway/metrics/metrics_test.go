@@ -18,6 +18,11 @@ func TestExposition(t *testing.T) {
 	m.Active.Add(1)
 	m.Connected(3 * time.Millisecond)
 	m.Connected(20 * time.Second)
+	m.Resolver("headers")
+	m.Resolver("error")
+	m.Resolver("cache")
+	m.Resolver("cache")
+	m.Event("created")
 	var b strings.Builder
 	m.WriteTo(&b)
 	out := b.String()
@@ -32,6 +37,12 @@ func TestExposition(t *testing.T) {
 		`egress_gateway_connect_seconds_count 2`,
 		`egress_gateway_bytes_total{direction="down"} 20`,
 		`egress_gateway_active_connections 1`,
+		`egress_gateway_resolver_requests_total{result="headers"} 1`,
+		`egress_gateway_resolver_requests_total{result="none"} 0`,
+		`egress_gateway_resolver_requests_total{result="error"} 1`,
+		`egress_gateway_resolver_cache_hits_total 2`,
+		`egress_gateway_denial_events_total{result="created"} 1`,
+		`egress_gateway_denial_events_total{result="failed"} 0`,
 	} {
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("missing %q in\n%s", want, out)

@@ -18,6 +18,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"net/textproto"
 	"strings"
 )
 
@@ -190,4 +191,30 @@ func Outside(boxAllow, poolAllow []string) []string {
 		}
 	}
 	return out
+}
+
+// CredentialHeader reports whether name: value may be injected as a credential (registered on a
+// box or given by a pool's resolver): a header name of visible ASCII without ':', not a framing
+// or hop-by-hop header, and a value without control characters (tab allowed).
+func CredentialHeader(name, value string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c <= ' ' || c >= 0x7f || c == ':' {
+			return false
+		}
+	}
+	switch textproto.CanonicalMIMEHeaderKey(name) {
+	case "Host", "Connection", "Content-Length", "Transfer-Encoding", "Upgrade", "Te", "Trailer",
+		"Proxy-Authorization", "Proxy-Connection", "Keep-Alive":
+		return false // framing and hop-by-hop headers are not credentials
+	}
+	for i := 0; i < len(value); i++ {
+		if c := value[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }

@@ -28,9 +28,10 @@ func (p *Proxy) signer(st *source.State, pool string) certs.Signer {
 }
 
 // intercept terminates the box's TLS with a leaf for host from ca, and forwards each
-// request to the real host over TLS (verified against UpstreamRoots) with the box's registered
-// headers set, replacing any the box sent under those names. The state is read again for every
-// request: a policy or credential change applies to the next request on an open connection.
+// request to the real host over TLS (verified against UpstreamRoots) with the box's credentials
+// set (registered, or the resolver's answer, cached), replacing any the box sent under those
+// names. The state is read again for every request: a policy or credential change, or a
+// resolver answer that expired, applies to the next request on an open connection.
 func (p *Proxy) intercept(w http.ResponseWriter, rec *record, ca certs.Signer, host, port string) {
 	if ca == nil {
 		rec.decision, rec.rule = "error", "intercept:no-ca"
@@ -81,14 +82,14 @@ func (p *Proxy) intercept(w http.ResponseWriter, rec *record, ca certs.Signer, h
 		}
 		tconn.SetReadDeadline(time.Time{})
 		rec.requests++
-		if !p.exchange(tconn, req, rec, host, hp) {
+		if !p.exchange(tconn, req, rec, host, port, hp) {
 			return
 		}
 	}
 }
 
 // exchange relays one request and its answer; false ends the connection.
-func (p *Proxy) exchange(conn net.Conn, req *http.Request, rec *record, host, hp string) bool {
+func (p *Proxy) exchange(conn net.Conn, req *http.Request, rec *record, host, port, hp string) bool {
 	defer req.Body.Close()
 	st := p.cfg.Source.Current()
 	box := st.Boxes[rec.box]
@@ -113,8 +114,14 @@ func (p *Proxy) exchange(conn net.Conn, req *http.Request, rec *record, host, hp
 	// The request goes to the CONNECT host whatever the box wrote in Host or the target.
 	req.URL.Scheme, req.URL.Host, req.Host, req.RequestURI = "https", hp, "", ""
 	removeHopByHop(req.Header)
-	for name, v := range box.Headers(host) {
-		req.Header[name] = []string{v} // names are canonical (source.Parse), as ReadRequest's are
+	headers, _, err := p.credentials(req.Context(), st, rec, box, host, port)
+	if err != nil {
+		rec.err = err.Error()
+		writeAnswer(conn, http.StatusBadGateway, "bad_gateway", fmt.Sprintf("the credential resolver of this box's pool gave no usable answer for %s", host), host, "resolver:error")
+		return false
+	}
+	for name, v := range headers {
+		req.Header[name] = []string{v} // names are canonical (source.Parse, the resolver), as ReadRequest's are
 	}
 	start := time.Now()
 	resp, err := p.transport.RoundTrip(req)

@@ -30,6 +30,7 @@ import (
 	"sandbox-bridge.io/gateway/certs"
 	"sandbox-bridge.io/gateway/identity"
 	"sandbox-bridge.io/gateway/metrics"
+	"sandbox-bridge.io/gateway/resolver"
 	"sandbox-bridge.io/gateway/source"
 )
 
@@ -42,6 +43,9 @@ type Config struct {
 	// box with credentials for a host is then refused there with 502: its requests would go out
 	// without them).
 	CA certs.Signer
+	// Resolver asks the pools' credential resolvers (State.Resolvers); nil: a pool's resolver
+	// hosts are refused (502).
+	Resolver *resolver.Client
 	// UpstreamRoots verify the real hosts of intercepted connections; nil: the system roots.
 	UpstreamRoots *x509.CertPool
 	// Dial opens upstream connections; nil: a net.Dialer. The address is "host:port" as asked.
@@ -127,6 +131,7 @@ type record struct {
 	requests  int
 	revoked   string // the rule that closed this open tunnel after a policy change
 	claimed   string // the known box id an unauthenticated request claimed
+	creds     string // where injected credentials came from: registered, resolver
 	err       string // what failed, for "error" decisions (never a header value)
 }
 
@@ -145,6 +150,9 @@ func (p *Proxy) finish(rec *record) {
 	}
 	if rec.revoked != "" {
 		attrs = append(attrs, "revoked", rec.revoked)
+	}
+	if rec.creds != "" {
+		attrs = append(attrs, "credentials", rec.creds)
 	}
 	if rec.claimed != "" {
 		attrs = append(attrs, "claimed_box", rec.claimed)

@@ -16,8 +16,8 @@ import (
 	"sandbox-bridge.io/gateway/source"
 )
 
-// connect serves CONNECT host:port: policy, then interception (registered headers) or
-// pass-through.
+// connect serves CONNECT host:port: policy, then interception (headers registered on the box or
+// given by the pool's resolver) or pass-through.
 func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, rec *record, st *source.State, box *source.Box) {
 	host, port, err := net.SplitHostPort(r.Host)
 	h, ok := "", false
@@ -38,7 +38,18 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, rec *record, st 
 			fmt.Sprintf("egress to %s is not allowed for this box (rule %s)", h, d.Rule))
 		return
 	}
-	if box.Headers(h) != nil {
+	headers, from, err := p.credentials(r.Context(), st, rec, box, h, port)
+	rec.creds = from
+	if from == "resolver" && err == nil && len(headers) == 0 {
+		rec.creds = "resolver:none" // asked; nothing to inject, so passed through
+	}
+	if err != nil {
+		rec.decision, rec.rule, rec.err = "error", "resolver:error", err.Error()
+		p.refuse(w, rec, http.StatusBadGateway, "bad_gateway",
+			fmt.Sprintf("the credential resolver of this box's pool gave no usable answer for %s", h))
+		return
+	}
+	if len(headers) > 0 {
 		p.intercept(w, rec, p.signer(st, box.Pool), h, port)
 		return
 	}

@@ -21,20 +21,22 @@ import (
 	"sandbox-bridge.io/gateway/certs"
 	"sandbox-bridge.io/gateway/kube"
 	"sandbox-bridge.io/gateway/policy"
+	"sandbox-bridge.io/gateway/resolver"
 )
 
 // The names sandbox-bridge stamps on Kubernetes objects that the gateway reads (common/labels.ts
 // is their one definition; these must say the same).
 const (
-	LabelBox         = "sandbox-bridge.io/box"    // "true" on box pods, warm pods and box Secrets
-	LabelBoxID       = "sandbox-bridge.io/box-id" // on a session's box pod (warm pods have none)
-	LabelPool        = "sandbox-bridge.io/pool"   // the SandboxPool a box belongs to
-	LabelComponent   = "app.kubernetes.io/component"
-	ComponentRecord  = "box-record" // a box's record Secret, named after the box id
-	AnnotationEgress = "sandbox-bridge.io/egress"
-	AnnotationNonce  = "sandbox-bridge.io/boxd-nonce" // on a box pod: public, part of its proxy credential
-	CredentialsKey   = "egress-credentials"           // the record's data key (common/box-egress.ts)
-	PoolResourcePath = "/apis/sandbox-bridge.io/v1alpha1/sandboxpools"
+	LabelBox           = "sandbox-bridge.io/box"    // "true" on box pods, warm pods and box Secrets
+	LabelBoxID         = "sandbox-bridge.io/box-id" // on a session's box pod (warm pods have none)
+	LabelPool          = "sandbox-bridge.io/pool"   // the SandboxPool a box belongs to
+	LabelComponent     = "app.kubernetes.io/component"
+	ComponentRecord    = "box-record" // a box's record Secret, named after the box id
+	AnnotationEgress   = "sandbox-bridge.io/egress"
+	AnnotationNonce    = "sandbox-bridge.io/boxd-nonce"       // on a box pod: public, part of its proxy credential
+	AnnotationOutbound = "sandbox-bridge.io/outbound-context" // on a record: {tenant_id, session_id} for the resolver
+	CredentialsKey     = "egress-credentials"                 // the record's data key (common/box-egress.ts)
+	PoolResourcePath   = "/apis/sandbox-bridge.io/v1alpha1/sandboxpools"
 	// A pool's interception CA: a kubernetes.io/tls Secret of this name in the pool's namespace,
 	// labelled component egress-ca and with the pool's name (common/egress-proxy.ts).
 	ComponentEgressCA = "egress-ca"
@@ -50,13 +52,16 @@ const (
 //
 // What it reads (docs/egress.md "Where the policy lives"; common/box-egress.ts writes them):
 //   - a pool: spec.namespace, spec.egress.mode (only "gateway" pools are served: a direct-mode
-//     pool's boxes are unknown to the gateway, 407) and spec.egress.domains.{allow,deny,plainHttp};
+//     pool's boxes are unknown to the gateway, 407), spec.egress.domains.{allow,deny,plainHttp}
+//     and spec.egress.credentialResolver;
 //   - a pod: the box id and pool labels, its name, uid and sandbox-bridge.io/boxd-nonce
 //     annotation (the proxy credential is bound to namespace, name and nonce), status.podIP;
 //     only pods in their pool's namespace, not finished, not on the host network; two pods
 //     claiming one IP are both left out;
 //   - a record's sandbox-bridge.io/egress annotation, JSON {"allow": [...], "deny": [...]}: the
-//     box's narrowing (absent, or no "allow": the pool's list);
+//     box's narrowing (absent, or no "allow": the pool's list); its
+//     sandbox-bridge.io/outbound-context annotation, JSON {tenant_id, session_id}, for the
+//     pool's credential resolver;
 //   - with Credentials, the record's data key egress-credentials, JSON {host: {header: value}}.
 //     Without it the records are watched as metadata only (PartialObjectMetadata): no record
 //     data ever reaches the gateway, and boxes have no credentials (a resolver may supply them);
@@ -211,6 +216,7 @@ type kubePool struct {
 	Namespace string
 	Gateway   bool
 	Pool      policy.Pool
+	Resolver  *resolver.Spec
 }
 
 // kubePod is what it keeps of a box pod.
@@ -230,6 +236,8 @@ type kubeRecord struct {
 	Err         string // the annotation does not parse: the box gets no allowance (fail closed)
 	Credentials map[string]map[string]string
 	CredErr     string // what is wrong with the credentials (never a value)
+	Outbound    Outbound
+	OutErr      string // the outbound context does not parse
 }
 
 func decodePool(raw json.RawMessage) (kubePool, bool, error) {
@@ -237,8 +245,9 @@ func decodePool(raw json.RawMessage) (kubePool, bool, error) {
 		Spec struct {
 			Namespace string `json:"namespace"`
 			Egress    struct {
-				Mode    string `json:"mode"`
-				Domains struct {
+				Mode               string         `json:"mode"`
+				CredentialResolver *resolver.Spec `json:"credentialResolver"`
+				Domains            struct {
 					Allow     []string `json:"allow"`
 					Deny      []string `json:"deny"`
 					PlainHTTP []string `json:"plainHttp"`
@@ -254,6 +263,7 @@ func decodePool(raw json.RawMessage) (kubePool, bool, error) {
 		Namespace: o.Spec.Namespace,
 		Gateway:   o.Spec.Egress.Mode == EgressModeGateway,
 		Pool:      policy.Pool{Allow: d.Allow, Deny: d.Deny, PlainHTTP: d.PlainHTTP},
+		Resolver:  o.Spec.Egress.CredentialResolver,
 	}, true, nil
 }
 
@@ -327,6 +337,11 @@ func decodeRecord(raw json.RawMessage, withCredentials bool) (kubeRecord, bool, 
 			}
 		}
 	}
+	if a, ok := o.Metadata.Annotations[AnnotationOutbound]; ok {
+		if err := json.Unmarshal([]byte(a), &r.Outbound); err != nil {
+			r.Outbound, r.OutErr = Outbound{}, "annotation "+AnnotationOutbound+" is not JSON {tenant_id, session_id}"
+		}
+	}
 	if withCredentials {
 		if v, ok := o.Data[CredentialsKey]; ok {
 			if b, err := base64.StdEncoding.DecodeString(v); err != nil {
@@ -336,7 +351,7 @@ func decodeRecord(raw json.RawMessage, withCredentials bool) (kubeRecord, bool, 
 			}
 		}
 	}
-	if !r.Set && r.Credentials == nil && r.CredErr == "" {
+	if !r.Set && r.Credentials == nil && r.CredErr == "" && r.Outbound == (Outbound{}) && r.OutErr == "" {
 		return kubeRecord{}, false, nil // nothing to keep: the pool's policy, no credentials
 	}
 	return r, true, nil
@@ -361,7 +376,7 @@ func parseCredentials(b []byte) (map[string]map[string]string, string) {
 		canon := make(map[string]string, len(headers))
 		good := true
 		for name, v := range headers {
-			if !validHeader(name, v) {
+			if !policy.CredentialHeader(name, v) {
 				problems = append(problems, fmt.Sprintf("host %q: header %q is not a credential header or its value has control characters", h, name))
 				good = false
 				break
@@ -402,6 +417,16 @@ func buildState(pools map[string]kubePool, pods []kubePod, records map[string]ku
 		}
 		s.Pools[name] = p.Pool
 		nsOf[name] = p.Namespace
+		if r := p.Resolver; r != nil {
+			if err := r.Check(); err != nil {
+				warnings = append(warnings, fmt.Sprintf("pool %q: credentialResolver: %s; the pool has no resolver until it is fixed", name, err))
+			} else {
+				if s.Resolvers == nil {
+					s.Resolvers = map[string]*resolver.Spec{}
+				}
+				s.Resolvers[name] = r
+			}
+		}
 	}
 	// One pod per box: a box whose pod is being replaced (a wake) may briefly have two; the one
 	// not being deleted wins, then the newer.
@@ -449,7 +474,10 @@ func buildState(pools map[string]kubePool, pods []kubePod, records map[string]ku
 			}
 		}
 		if r, ok := records[p.Namespace+"/"+p.BoxID]; ok {
-			b.Credentials = r.Credentials
+			b.Credentials, b.Outbound = r.Credentials, r.Outbound
+			if r.OutErr != "" {
+				warnings = append(warnings, fmt.Sprintf("box %q: %s; the resolver is told no tenant or session", p.BoxID, r.OutErr))
+			}
 			if r.CredErr != "" {
 				warnings = append(warnings, fmt.Sprintf("box %q: credentials left out: %s", p.BoxID, r.CredErr))
 			}

@@ -353,3 +353,57 @@ func TestKubernetesSourcePoolCA(t *testing.T) {
 		}
 	}
 }
+
+// A pool's credentialResolver and a record's outbound context reach the State (the context with
+// the records as metadata only: it is an annotation); a resolver that does not check is left out
+// with a warning, as is an outbound context that does not parse.
+func TestKubernetesSourceResolverAndOutbound(t *testing.T) {
+	api := kubetest.New(t)
+	p1 := sbPool("p1", "sb", "gateway", []string{"*.vault.test"}, nil)
+	p1["spec"].(map[string]any)["egress"].(map[string]any)["credentialResolver"] = map[string]any{
+		"url": "http://resolver.platform.svc:8080/egress", "hosts": []any{"*.vault.test"}, "ttlSeconds": 60, "timeoutSeconds": 2}
+	p2 := sbPool("p2", "sb", "gateway", []string{"*"}, nil)
+	p2["spec"].(map[string]any)["egress"].(map[string]any)["credentialResolver"] = map[string]any{"url": "http://r/", "hosts": []any{"*"}}
+	api.Put("sandboxpools", p1)
+	api.Put("sandboxpools", p2)
+	api.Put("pods", boxPod("sb", "box-a", "box-a", "p1", "10.0.0.1"))
+	api.Put("pods", boxPod("sb", "box-b", "box-b", "p1", "10.0.0.2"))
+	ra := record("sb", "box-a", "")
+	ra["metadata"].(map[string]any)["annotations"] = map[string]any{AnnotationOutbound: `{"tenant_id":"t-1","session_id":"s-1"}`}
+	rb := record("sb", "box-b", "")
+	rb["metadata"].(map[string]any)["annotations"] = map[string]any{AnnotationOutbound: `{"tenant_id":`}
+	api.Put("secrets", ra)
+	api.Put("secrets", rb)
+	c, _ := kube.NewClient(&kube.Config{Server: api.URL})
+	var logs strings.Builder
+	var mu sync.Mutex
+	k := &Kubernetes{Client: c, Log: slog.New(slog.NewJSONHandler(lockedWriter{&mu, &logs}, nil))}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go k.Run(ctx)
+	waitFor(t, func() bool { return k.Current() != nil })
+	s := k.Current()
+	r := s.Resolvers["p1"]
+	if r == nil || r.URL != "http://resolver.platform.svc:8080/egress" || r.TTL() != time.Minute || r.Timeout() != 2*time.Second || !r.Covers("api.vault.test") {
+		t.Fatalf("p1's resolver: %+v", r)
+	}
+	if s.Resolvers["p2"] != nil {
+		t.Fatal("a resolver asked about * was kept")
+	}
+	if got := s.Boxes["box-a"].Outbound; got != (Outbound{TenantID: "t-1", SessionID: "s-1"}) {
+		t.Fatalf("box-a's outbound context: %+v", got)
+	}
+	if got := s.Boxes["box-b"].Outbound; got != (Outbound{}) {
+		t.Fatalf("box-b's unparsable outbound context: %+v", got)
+	}
+	// The platform sets another session's context: in force at once.
+	ra["metadata"].(map[string]any)["annotations"] = map[string]any{AnnotationOutbound: `{"tenant_id":"t-1","session_id":"s-2"}`}
+	api.Put("secrets", ra)
+	waitFor(t, func() bool { return k.Current().Boxes["box-a"].Outbound.SessionID == "s-2" })
+	mu.Lock()
+	out := logs.String()
+	mu.Unlock()
+	if !strings.Contains(out, `pool \"p2\": credentialResolver: hosts: * is not allowed`) || !strings.Contains(out, `box \"box-b\": annotation `+AnnotationOutbound) {
+		t.Fatalf("warnings missing: %s", out)
+	}
+}

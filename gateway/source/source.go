@@ -14,6 +14,7 @@ import (
 	"sandbox-bridge.io/gateway/certs"
 	"sandbox-bridge.io/gateway/identity"
 	"sandbox-bridge.io/gateway/policy"
+	"sandbox-bridge.io/gateway/resolver"
 )
 
 // Source hands out the current state; nil until the first good load.
@@ -29,6 +30,8 @@ type State struct {
 	// CAs are the pools' interception CAs (source.Kubernetes: from each pool's Secret); a pool
 	// without one uses the gateway's -ca-cert, if any.
 	CAs map[string]*certs.Authority `json:"-"`
+	// Resolvers are the pools' credential resolvers (checked; a pool without one has none).
+	Resolvers map[string]*resolver.Spec `json:"-"`
 
 	byIP  map[netip.Addr]string
 	byPod map[string]string // pod name -> box id ("" when boxes of two namespaces share the name)
@@ -39,17 +42,26 @@ type State struct {
 // exact, -> header name -> value). Header values are secrets: they are never logged, and nothing
 // prints a State.
 type Box struct {
-	Pool        string                       `json:"pool"`
-	IP          string                       `json:"ip"`
-	Pod         string                       `json:"pod"`
-	Namespace   string                       `json:"namespace"`
-	Nonce       string                       `json:"nonce"`
-	UID         string                       `json:"uid,omitempty"` // the pod's uid (Events name it)
+	Pool      string `json:"pool"`
+	IP        string `json:"ip"`
+	Pod       string `json:"pod"`
+	Namespace string `json:"namespace"`
+	Nonce     string `json:"nonce"`
+	UID       string `json:"uid,omitempty"` // the pod's uid (Events name it)
+	// Outbound is the box's outbound context (record annotation sandbox-bridge.io/outbound-context)
+	// the pool's credential resolver is told.
+	Outbound    Outbound                     `json:"outboundContext,omitempty"`
 	Allow       []string                     `json:"allow,omitempty"`
 	Deny        []string                     `json:"deny,omitempty"`
 	Credentials map[string]map[string]string `json:"credentials,omitempty"`
 
 	ip netip.Addr
+}
+
+// Outbound is what the platform set with setOutboundContext for the box's session.
+type Outbound struct {
+	TenantID  string `json:"tenant_id"`
+	SessionID string `json:"session_id"`
 }
 
 // Policy returns the box's narrowing in policy's terms.
@@ -97,6 +109,25 @@ func Parse(b []byte) (*State, []string, error) {
 	var s State
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, nil, fmt.Errorf("policy document: %w", err)
+	}
+	var resolvers struct {
+		Pools map[string]struct {
+			CredentialResolver *resolver.Spec `json:"credentialResolver"`
+		} `json:"pools"`
+	}
+	if err := json.Unmarshal(b, &resolvers); err != nil {
+		return nil, nil, fmt.Errorf("policy document: %w", err)
+	}
+	for name, p := range resolvers.Pools {
+		if r := p.CredentialResolver; r != nil {
+			if err := r.Check(); err != nil {
+				return nil, nil, fmt.Errorf("pool %q: credentialResolver: %w", name, err)
+			}
+			if s.Resolvers == nil {
+				s.Resolvers = map[string]*resolver.Spec{}
+			}
+			s.Resolvers[name] = r
+		}
 	}
 	var warnings []string
 	for name, p := range s.Pools {
@@ -153,7 +184,7 @@ func Parse(b []byte) (*State, []string, error) {
 			}
 			canon := make(map[string]string, len(headers))
 			for name, v := range headers {
-				if !validHeader(name, v) {
+				if !policy.CredentialHeader(name, v) {
 					// The value is not quoted: it is a secret.
 					return nil, nil, fmt.Errorf("box %q: credentials for %q: invalid header %q (name or value)", id, h, name)
 				}
@@ -165,27 +196,4 @@ func Parse(b []byte) (*State, []string, error) {
 	}
 	s.index()
 	return &s, warnings, nil
-}
-
-func validHeader(name, value string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if c <= ' ' || c >= 0x7f || c == ':' {
-			return false
-		}
-	}
-	switch http.CanonicalHeaderKey(name) {
-	case "Host", "Connection", "Content-Length", "Transfer-Encoding", "Upgrade", "Te", "Trailer",
-		"Proxy-Authorization", "Proxy-Connection", "Keep-Alive":
-		return false // framing and hop-by-hop headers are not credentials
-	}
-	for i := 0; i < len(value); i++ {
-		if c := value[i]; c < ' ' && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
 }

@@ -11,9 +11,10 @@ import (
 )
 
 const doc = `{
-  "pools": {"p": {"allow": ["*.example.test", "api.test"], "deny": ["bad.example.test"]}},
+  "pools": {"p": {"allow": ["*.example.test", "api.test"], "deny": ["bad.example.test"],
+                  "credentialResolver": {"url": "https://vault.test/egress", "hosts": ["*.example.test"], "ttlSeconds": 30}}},
   "boxes": {
-    "box-a": {"pool": "p", "ip": "10.0.0.1", "pod": "box-a-0", "namespace": "sb", "nonce": "0a", "allow": ["api.test", "other.test"],
+    "box-a": {"pool": "p", "ip": "10.0.0.1", "pod": "box-a-0", "namespace": "sb", "nonce": "0a", "outboundContext": {"tenant_id": "t", "session_id": "s"}, "allow": ["api.test", "other.test"],
               "credentials": {"API.test.": {"authorization": "Bearer s3cret"}}}
   }
 }`
@@ -28,6 +29,9 @@ func TestParse(t *testing.T) {
 	}
 	if h := s.Boxes["box-a"].Headers("api.test"); h["Authorization"] != "Bearer s3cret" {
 		t.Fatalf("credentials not normalized by host and header name: %v", len(h))
+	}
+	if r := s.Resolvers["p"]; r == nil || r.TTL() != 30*time.Second || !r.Covers("www.example.test") || s.Boxes["box-a"].Outbound.SessionID != "s" {
+		t.Fatalf("resolver %+v, outbound %+v", r, s.Boxes["box-a"].Outbound)
 	}
 	if s.PodBox("box-a-0") != "box-a" || s.Boxes["box-a"].Identity().Nonce != "0a" {
 		t.Fatalf("the box's pod: %q %+v", s.PodBox("box-a-0"), s.Boxes["box-a"].Identity())
@@ -46,6 +50,7 @@ func TestParse(t *testing.T) {
 		"no nonce":       `{"pools":{"p":{}},"boxes":{"b":{"pool":"p","ip":"10.0.0.1","pod":"b-0","namespace":"sb"}}}`,
 		"no pod":         `{"pools":{"p":{}},"boxes":{"b":{"pool":"p","ip":"10.0.0.1","namespace":"sb","nonce":"1"}}}`,
 		"not json":       `{`,
+		"resolver *":     `{"pools":{"p":{"credentialResolver":{"url":"https://r/","hosts":["*"]}}}}`,
 	}
 	good := `{"pools":{"p":{}},"boxes":{"b":{"pool":"p","ip":"10.0.0.1",` + pod + `}}}`
 	if _, _, err := Parse([]byte(good)); err != nil {
