@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"sandbox-bridge.io/gateway/certs"
+	"sandbox-bridge.io/gateway/events"
 	"sandbox-bridge.io/gateway/identity"
 	"sandbox-bridge.io/gateway/kube"
 	"sandbox-bridge.io/gateway/metrics"
@@ -47,6 +48,7 @@ type config struct {
 	idle, hello, dial         time.Duration
 	maxConnsPerBox            int
 	allowPrivateUpstreams     bool
+	eventsTick                time.Duration // tests: how often denials are flushed into Events (default 5 s)
 }
 
 func env(name, def string) string {
@@ -93,6 +95,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.kube.tokenFile, "kube-token-file", env("EGRESS_KUBE_TOKEN_FILE", ""), "with -kube-server: a bearer token file, re-read when it changes (EGRESS_KUBE_TOKEN_FILE)")
 	fs.BoolVar(&c.kube.credentials, "kube-credentials", env("EGRESS_KUBE_CREDENTIALS", "true") != "false",
 		"read box credentials from the records' egress-credentials key; false: watch records as metadata only, no credentials (EGRESS_KUBE_CREDENTIALS)")
+	fs.BoolVar(&c.kube.events, "kube-events", env("EGRESS_KUBE_EVENTS", "true") != "false",
+		"with -source=kubernetes: aggregated EgressDenied Events on box pods, at most one per pod per minute per replica; needs create on events (EGRESS_KUBE_EVENTS)")
 	fs.StringVar(&c.kube.namespace, "kube-namespace", env("EGRESS_KUBE_NAMESPACE", ""), "watch box pods and records in this namespace only (EGRESS_KUBE_NAMESPACE; default all: needs a ClusterRole)")
 	fs.StringVar(&c.keyFile, "key-file", env("EGRESS_KEY_FILE", ""), "proxy credential keys, one per line, the first signs (EGRESS_KEY_FILE, required)")
 	fs.StringVar(&c.resolverKeyFile, "resolver-key-file", env("EGRESS_RESOLVER_KEY_FILE", ""),
@@ -205,6 +209,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		}
 	}
 	m := metrics.New()
+	var agg *events.Aggregator // denial Events, with -source=kubernetes
 	res := &resolver.Client{HTTP: resolver.NewHTTPClient(roots), OnResult: func(r resolver.Result) { m.Resolver(string(r)) }}
 	if c.resolverKeyFile != "" {
 		if res.Key, err = loadResolverKey(c.resolverKeyFile); err != nil {
@@ -227,6 +232,10 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		// Not ready (503) until pools, box pods and records are listed; then every watch event
 		// is a new State.
 		src = &source.Kubernetes{Client: client, Namespace: c.kube.namespace, Credentials: c.kube.credentials, Log: log, OnLoad: m.Reload}
+		if c.kube.events {
+			instance, _ := os.Hostname() // the pod's name
+			agg = &events.Aggregator{Client: client, Tick: c.eventsTick, Instance: instance, Log: log, OnResult: m.Event}
+		}
 		log.Info("policy source: kubernetes", "server", kc.Server, "tls_server_name", kc.TLSServerName, "namespace", c.kube.namespace, "credentials", c.kube.credentials)
 	default:
 		f := &source.File{Path: c.policyFile, Log: log, OnLoad: m.Reload}
@@ -240,13 +249,22 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	if !c.allowPrivateUpstreams {
 		dialer.Control = refusePrivate
 	}
+	var onDeny func(string, *source.Box, string, string)
+	if agg != nil {
+		onDeny = func(boxID string, b *source.Box, host, rule string) {
+			agg.Denied(events.Pod{Namespace: b.Namespace, Name: b.Pod, UID: b.UID, Box: boxID}, host, rule)
+		}
+	}
 	p := proxy.New(proxy.Config{
-		Source: src, Keys: keys, CA: ca, Resolver: res, UpstreamRoots: roots, Dial: dialer.DialContext, Log: log, Metrics: m,
+		Source: src, Keys: keys, CA: ca, Resolver: res, OnDeny: onDeny, UpstreamRoots: roots, Dial: dialer.DialContext, Log: log, Metrics: m,
 		IdleTimeout: c.idle, HelloTimeout: c.hello, DialTimeout: c.dial, MaxConnsPerBox: c.maxConnsPerBox,
 	})
 
 	go src.Run(ctx)
 	go p.Run(ctx) // close open tunnels a policy change no longer allows
+	if agg != nil {
+		go agg.Run(ctx)
+	}
 
 	pl, err := net.Listen("tcp", c.listen)
 	if err != nil {
@@ -300,7 +318,7 @@ type runSource interface {
 type kubeFlags struct {
 	kubeconfig, context, server, caFile, tokenFile, namespace string
 	tlsServerName                                             string
-	credentials                                               bool
+	credentials, events                                       bool
 }
 
 // config: -kube-server (with its CA and token files), else a kubeconfig, else the pod's own

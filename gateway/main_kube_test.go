@@ -35,7 +35,7 @@ func TestServeKubernetesSource(t *testing.T) {
 	api.Put("sandboxpools", map[string]any{"metadata": map[string]any{"name": "p1"},
 		"spec": map[string]any{"namespace": "sb", "egress": map[string]any{"mode": "gateway",
 			"domains": map[string]any{"allow": []any{"127.0.0.1", "allowed.test"}, "deny": []any{"denied.test"}}}}})
-	api.Put("pods", map[string]any{"metadata": map[string]any{"name": "box-a-0", "namespace": "sb",
+	api.Put("pods", map[string]any{"metadata": map[string]any{"name": "box-a-0", "namespace": "sb", "uid": "uid-a-0",
 		"annotations": map[string]any{"sandbox-bridge.io/boxd-nonce": "0a1b"},
 		"labels":      map[string]any{"sandbox-bridge.io/box": "true", "sandbox-bridge.io/box-id": "box-a", "sandbox-bridge.io/pool": "p1"}},
 		"status": map[string]any{"phase": "Running", "podIP": "127.0.0.1"}})
@@ -70,6 +70,7 @@ func TestServeKubernetesSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.eventsTick = 50 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, c, slog.New(slog.NewJSONHandler(io.Discard, nil))) }()
@@ -117,6 +118,19 @@ func TestServeKubernetesSource(t *testing.T) {
 	}
 	if code, rule := connect("denied.test:443"); code != 403 || rule != "pool.deny:denied.test" {
 		t.Fatalf("denied.test: %d %q", code, rule)
+	}
+	// The denial becomes an Event on the box's pod.
+	deadline = time.Now().Add(2 * time.Second)
+	for len(api.Objects("events")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no EgressDenied Event created")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ev := api.Objects("events")[0]
+	if obj := ev["involvedObject"].(map[string]any); ev["reason"] != "EgressDenied" || obj["name"] != "box-a-0" || obj["uid"] != "uid-a-0" ||
+		ev["message"] != "egress gateway refused box box-a 1 time: denied.test x1 (pool.deny:denied.test)" {
+		t.Fatalf("Event %v", ev)
 	}
 	if code, _ := connect(upstream.Addr().String()); code != 200 {
 		t.Fatalf("allowed 127.0.0.1: %d", code)

@@ -58,13 +58,17 @@ func TestParseFlagsKubernetes(t *testing.T) {
 	}
 	// Without -kube-server or -kubeconfig: the pod's service account, an error outside a pod.
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	if !c.kube.events {
+		t.Fatal("denial Events are on by default")
+	}
 	t.Setenv("EGRESS_KUBE_CREDENTIALS", "false")
+	t.Setenv("EGRESS_KUBE_EVENTS", "false")
 	c, err = parseFlags([]string{"-source=kubernetes"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.kube.credentials {
-		t.Fatal("EGRESS_KUBE_CREDENTIALS=false ignored")
+	if c.kube.credentials || c.kube.events {
+		t.Fatal("EGRESS_KUBE_CREDENTIALS=false or EGRESS_KUBE_EVENTS=false ignored")
 	}
 	if _, err := c.kube.config(); err == nil || !strings.Contains(err.Error(), "not in a cluster") {
 		t.Fatalf("in-cluster outside a cluster: %v", err)

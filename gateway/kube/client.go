@@ -18,7 +18,7 @@ import (
 	"time"
 )
 
-// Client makes authenticated GETs to one API server. It is safe for concurrent use; with
+// Client makes authenticated requests to one API server (GETs for the watches, a POST for Events). It is safe for concurrent use; with
 // HTTP/2 (the API server's default over TLS) every watch shares one connection, and a
 // connection that stops answering pings is closed within about 45 s, so a watch on it fails and
 // is reopened instead of hanging.
@@ -136,6 +136,21 @@ func (c *Client) Do(ctx context.Context, method, path string, query url.Values, 
 		return nil, statusError(resp.StatusCode, b)
 	}
 	return resp, nil
+}
+
+// Create POSTs obj (JSON) to a collection path, e.g. /api/v1/namespaces/NS/events; a non-2xx
+// answer is a *StatusError.
+func (c *Client) Create(ctx context.Context, path string, obj any) error {
+	body, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(ctx, http.MethodPost, path, nil, "", "application/json", body)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	return resp.Body.Close()
 }
 
 // statusError reads a metav1.Status body (or not) into a StatusError.

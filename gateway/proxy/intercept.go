@@ -101,6 +101,7 @@ func (p *Proxy) exchange(conn net.Conn, req *http.Request, rec *record, host, po
 	if d := policy.Decide(st.Pools[box.Pool], box.Policy(), host, false); !d.Allow {
 		writeAnswer(conn, http.StatusForbidden, "forbidden", fmt.Sprintf("egress to %s is not allowed for this box (rule %s)", host, d.Rule), host, d.Rule)
 		rec.rule = d.Rule
+		p.denied(rec, host, d.Rule)
 		return false
 	}
 	if req.Header.Get("Upgrade") != "" {

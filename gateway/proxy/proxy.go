@@ -30,6 +30,7 @@ import (
 	"sandbox-bridge.io/gateway/certs"
 	"sandbox-bridge.io/gateway/identity"
 	"sandbox-bridge.io/gateway/metrics"
+	"sandbox-bridge.io/gateway/policy"
 	"sandbox-bridge.io/gateway/resolver"
 	"sandbox-bridge.io/gateway/source"
 )
@@ -52,6 +53,10 @@ type Config struct {
 	Dial    func(ctx context.Context, network, addr string) (net.Conn, error)
 	Log     *slog.Logger
 	Metrics *metrics.Metrics
+	// OnDeny, when set, is told each refusal of an identified box (the policy, the SNI check, the
+	// connection bound), with the host name and the rule only: the denial Events (package
+	// events). It must not block.
+	OnDeny func(boxID string, box *source.Box, host, rule string)
 	// IdleTimeout closes a connection with no byte either way for this long (default 5 min);
 	// HelloTimeout bounds the wait for the box's ClientHello or TLS handshake (default 10 s);
 	// DialTimeout bounds an upstream dial (default 10 s).
@@ -122,7 +127,8 @@ type record struct {
 	kind      string // "connect" or "http"
 	client    netip.Addr
 	box, host string
-	pod       string // the box's pod the connection was authenticated as
+	pod       string      // the box's pod the connection was authenticated as
+	boxRef    *source.Box // the box as identified (its pod, for denial Events)
 	port      string
 	decision  string // allow, intercept, deny, unauthenticated, error
 	rule      string
@@ -137,6 +143,9 @@ type record struct {
 
 func (p *Proxy) finish(rec *record) {
 	p.cfg.Metrics.Decision(rec.kind, rec.decision)
+	if rec.decision == "deny" {
+		p.denied(rec, rec.host, rec.rule)
+	}
 	p.cfg.Metrics.BytesUp.Add(uint64(rec.up))
 	p.cfg.Metrics.BytesDown.Add(uint64(rec.down))
 	attrs := []any{
@@ -205,7 +214,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"a box's proxy credential is required (Proxy-Authorization: Basic pod-name:credential) from the box pod's own address")
 		return
 	}
-	rec.box, rec.pod = boxID, box.Pod
+	rec.box, rec.pod, rec.boxRef = boxID, box.Pod, box
 	if !p.acquire(boxID) {
 		rec.decision, rec.rule = "deny", "box:connections"
 		w.Header().Set("Retry-After", "1")
@@ -219,6 +228,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.forward(w, r, rec, st, box)
+}
+
+// denied tells OnDeny of a refusal of rec's box to reach host by rule. Requests the gateway
+// could not read as a host (malformed targets) are not counted: their "host" is whatever the box
+// wrote.
+func (p *Proxy) denied(rec *record, host, rule string) {
+	if p.cfg.OnDeny == nil || rec.boxRef == nil || rule == "host:invalid" || rule == "request:not-absolute-http" {
+		return
+	}
+	if h, ok := policy.Normalize(host); ok && h == host {
+		p.cfg.OnDeny(rec.box, rec.boxRef, host, rule)
+	}
 }
 
 // refuse writes a proxy error answer: the DESIGN's JSON error plus X-Egress-Decision and

@@ -3,8 +3,9 @@
 // tokens, WATCH as a chunked stream of JSON events flushed one by one, BOOKMARK events, 410 Gone
 // for a resourceVersion older than the compaction point (as an HTTP status or as an ERROR event,
 // like the API server does for a watch cache miss and an expiry mid-watch), label selectors
-// (k=v and k), PartialObjectMetadata answers, bearer tokens and injected failures. It is not a
-// fake cluster: the gateway's cluster behaviour is tested against the real API server
+// (k=v and k), PartialObjectMetadata answers, bearer tokens and injected failures; and POST to a
+// collection (the gateway creates Events), which stores the object (metadata.generateName
+// honoured) as a Put does. It is not a fake cluster: the gateway's cluster behaviour is tested against the real API server
 // (source/kubernetes_cluster_test.go).
 package kubetest
 
@@ -47,6 +48,7 @@ type event struct {
 
 // Request is one request the double answered.
 type Request struct {
+	Method              string
 	Resource, Namespace string
 	Watch               bool
 	ResourceVersion     string
@@ -231,7 +233,7 @@ func writeStatus(w http.ResponseWriter, code int, reason string) {
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	ns, res, ok := parsePath(r.URL.Path)
 	q := r.URL.Query()
-	req := Request{Resource: res, Namespace: ns, Watch: q.Get("watch") == "true" || q.Get("watch") == "1",
+	req := Request{Method: r.Method, Resource: res, Namespace: ns, Watch: q.Get("watch") == "true" || q.Get("watch") == "1",
 		ResourceVersion: q.Get("resourceVersion"), Continue: q.Get("continue"), Limit: q.Get("limit"), Accept: r.Header.Get("Accept"),
 		LabelSelector: q.Get("labelSelector")}
 	s.mu.Lock()
@@ -257,12 +259,63 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, status, http.StatusText(status))
 		return
 	}
+	if r.Method == http.MethodPost {
+		s.create(w, r, res, ns)
+		return
+	}
 	partial := strings.Contains(req.Accept, "as=PartialObjectMetadata")
 	if req.Watch {
 		s.watch(w, r, res, ns, req, partial, closed)
 		return
 	}
 	s.list(w, res, ns, req, partial)
+}
+
+// create stores a POSTed object: its namespace is the path's, a generateName gets a suffix.
+func (s *Server) create(w http.ResponseWriter, r *http.Request, res, ns string) {
+	var obj map[string]any
+	if err := json.NewDecoder(r.Body).Decode(&obj); err != nil {
+		writeStatus(w, 400, "BadRequest")
+		return
+	}
+	md, _ := obj["metadata"].(map[string]any)
+	if md == nil {
+		md = map[string]any{}
+		obj["metadata"] = md
+	}
+	if name, _ := md["name"].(string); name == "" {
+		gen, _ := md["generateName"].(string)
+		if gen == "" {
+			writeStatus(w, 422, "Invalid")
+			return
+		}
+		s.mu.Lock()
+		md["name"] = fmt.Sprintf("%s%05d", gen, s.rv+1)
+		s.mu.Unlock()
+	}
+	if ns != "" {
+		md["namespace"] = ns
+	}
+	s.Put(res, obj)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	json.NewEncoder(w).Encode(obj)
+}
+
+// Objects returns the objects of resource now (copies), sorted by namespace/name.
+func (s *Server) Objects(resource string) []map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := make([]string, 0, len(s.objs[resource]))
+	for k := range s.objs[resource] {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]map[string]any, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, clone(s.objs[resource][k]))
+	}
+	return out
 }
 
 func (s *Server) list(w http.ResponseWriter, res, ns string, req Request, partial bool) {
