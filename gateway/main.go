@@ -97,13 +97,13 @@ func parseFlags(args []string) (config, error) {
 		"read box credentials from the records' egress-credentials key; false: watch records as metadata only, no credentials (EGRESS_KUBE_CREDENTIALS)")
 	fs.BoolVar(&c.kube.events, "kube-events", env("EGRESS_KUBE_EVENTS", "true") != "false",
 		"with -source=kubernetes: aggregated EgressDenied Events on box pods, at most one per pod per minute per replica; needs create on events (EGRESS_KUBE_EVENTS)")
-	fs.StringVar(&c.kube.namespace, "kube-namespace", env("EGRESS_KUBE_NAMESPACE", ""), "watch box pods and records in this namespace only (EGRESS_KUBE_NAMESPACE; default all: needs a ClusterRole)")
+	fs.StringVar(&c.kube.namespace, "kube-namespace", env("EGRESS_KUBE_NAMESPACE", ""), "watch box pods, records and pool CA Secrets (and create Events) in this namespace only (EGRESS_KUBE_NAMESPACE; default all: needs a ClusterRole)")
 	fs.StringVar(&c.keyFile, "key-file", env("EGRESS_KEY_FILE", ""), "proxy credential keys, one per line, the first signs (EGRESS_KEY_FILE, required)")
 	fs.StringVar(&c.resolverKeyFile, "resolver-key-file", env("EGRESS_RESOLVER_KEY_FILE", ""),
 		"the key requests to the pools' credential resolvers are signed with: the file's first non-empty line (EGRESS_RESOLVER_KEY_FILE; without it those pools' resolver hosts are refused, 502)")
-	fs.StringVar(&c.caCert, "ca-cert", env("EGRESS_CA_CERT", ""), "interception CA certificate, PEM (EGRESS_CA_CERT; without it no interception)")
-	fs.StringVar(&c.caKey, "ca-key", env("EGRESS_CA_KEY", ""), "interception CA private key, PEM (EGRESS_CA_KEY)")
-	fs.StringVar(&c.upstreamCA, "upstream-ca", env("EGRESS_UPSTREAM_CA", ""), "extra CA bundle, PEM, trusted for intercepted hosts besides the system roots (EGRESS_UPSTREAM_CA)")
+	fs.StringVar(&c.caCert, "ca-cert", env("EGRESS_CA_CERT", ""), "-source=file: the interception CA certificate, PEM, re-read when it changes (EGRESS_CA_CERT; without it no interception; with -source=kubernetes each pool's CA is its Secret)")
+	fs.StringVar(&c.caKey, "ca-key", env("EGRESS_CA_KEY", ""), "-source=file: the interception CA's private key, PEM (EGRESS_CA_KEY)")
+	fs.StringVar(&c.upstreamCA, "upstream-ca", env("EGRESS_UPSTREAM_CA", ""), "extra CA bundle, PEM, trusted for intercepted hosts and https credential resolvers besides the system roots (EGRESS_UPSTREAM_CA)")
 	fs.DurationVar(&c.idle, "idle-timeout", envDuration("EGRESS_IDLE_TIMEOUT", 5*time.Minute), "close a connection idle this long (EGRESS_IDLE_TIMEOUT)")
 	fs.DurationVar(&c.hello, "hello-timeout", envDuration("EGRESS_HELLO_TIMEOUT", 10*time.Second), "wait for a box's ClientHello or TLS handshake (EGRESS_HELLO_TIMEOUT)")
 	fs.DurationVar(&c.dial, "dial-timeout", envDuration("EGRESS_DIAL_TIMEOUT", 10*time.Second), "upstream dial timeout (EGRESS_DIAL_TIMEOUT)")

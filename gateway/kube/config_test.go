@@ -213,3 +213,31 @@ func TestParseYAMLErrors(t *testing.T) {
 		t.Fatalf("parsed %#v", v)
 	}
 }
+
+// Against the local cluster's API server: it is reached at 127.0.0.1 (in its certificate) and
+// its certificate names kubernetes.default.svc, which pods give as -kube-tls-server-name since
+// the kubernetes Service IP they reach it at is not in it; a name it lacks is refused.
+func TestClusterTLSServerName(t *testing.T) {
+	p := os.Getenv("SANDBOX_BRIDGE_TEST_KUBECONFIG")
+	if p == "" {
+		t.Skip("SANDBOX_BRIDGE_TEST_KUBECONFIG not set")
+	}
+	for name, ok := range map[string]bool{"kubernetes.default.svc": true, "not-in-the-certificate.test": false} {
+		c, err := LoadKubeconfig(p, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.TLSServerName = name
+		cl, err := NewClient(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := cl.Get(context.Background(), "/version", nil, "")
+		if err == nil {
+			resp.Body.Close()
+		}
+		if (err == nil) != ok {
+			t.Errorf("TLSServerName %q: %v, want ok=%v", name, err, ok)
+		}
+	}
+}
