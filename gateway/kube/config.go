@@ -2,7 +2,7 @@
 // API with the standard library only: where the API server is and how to authenticate to it
 // (in-cluster service account, a kubeconfig, or explicit server/CA/token), and a list+watch
 // reflector (reflector.go). No client-go: it would be most of the binary, and the gateway reads
-// three resources.
+// three kinds of object (four watches) and creates Events.
 package kube
 
 import (
