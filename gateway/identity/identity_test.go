@@ -27,7 +27,7 @@ func TestCredentialFormula(t *testing.T) {
 	}
 }
 
-// The vector common/egress-proxy.test.ts checks too (docs: the egress contract, section 1): the
+// The vector common/box-pod.test.ts checks too (docs: the egress contract, section 1): the
 // two implementations agree byte for byte.
 func TestSharedVector(t *testing.T) {
 	k, err := NewKeys([]byte("0123456789abcdef0123456789abcdef"))
