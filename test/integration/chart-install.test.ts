@@ -1,10 +1,12 @@
 // `helm install` of charts/sandbox-bridge into the local cluster: every rendered object is on
-// the API server, the chart's pods pass `restricted` Pod Security, and the bridge and the
-// operator, each run with a token of the chart's own ServiceAccount (so with exactly the chart's
-// RBAC), do their whole job: the bridge serves a box lifecycle, the operator reconciles the
-// chart's pool and reaps. `kubectl auth can-i` shows neither can read a Secret or Pod outside the
-// pool namespace. Removing one verb from the Role turns the matching call into the documented 403.
-import { spawnSync } from 'node:child_process';
+// the API server, the chart's pods pass `restricted` Pod Security, a `helm upgrade` keeps the
+// generated keys, and the bridge, the operator and the egress gateway, each run with a token of
+// the chart's own ServiceAccount (so with exactly the chart's RBAC), do their job: the bridge
+// serves a box lifecycle, the operator reconciles the chart's pool and reaps, the gateway lists
+// what it watches and becomes ready. `kubectl auth can-i` shows none can read a Secret or Pod
+// outside the pool namespace. Removing one verb from the Role turns the matching call into the
+// documented 403.
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -15,7 +17,7 @@ import { boxRecordName } from '../../common/labels.js';
 import { startBridge, type RunningBridge } from '../../bridge/server.js';
 import { ON_REAL_NODE, TEST_TOKEN, api, testConfig } from '../support/bridge.js';
 import { LOCAL_BOX_IMAGE, realNodeAvailable, testKubeConfig, waitFor } from '../support/cluster.js';
-import { boxPod, installCrd, startOperator, type OperatorProcess } from '../support/operator.js';
+import { boxPod, freePort, installCrd, startOperator, type OperatorProcess } from '../support/operator.js';
 import { ANNOTATIONS, LABELS } from '../../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool } from '../../common/pool.js';
 import { TOKEN, helm, parseDocs, withValuesFile, CHART, type Doc } from '../chart/helm.js';
@@ -32,6 +34,7 @@ const sandboxNs = `chart-${id}-boxes`;
 const poolName = `chart-${id}`;
 const bridgeName = `${release}-sandbox-bridge-bridge`;
 const operatorName = `${release}-sandbox-bridge-operator`;
+const gatewayName = `${release}-sandbox-bridge-egress-gateway`;
 const kubeconfigEnv = { KUBECONFIG: process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG! };
 const custom = kc.makeApiClient(k8s.CustomObjectsApi);
 const pools = { group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL };
@@ -45,20 +48,28 @@ const withRealNode = realNode.available ? test : test.skip;
 let manifest: Doc[] = [];
 let bridge: RunningBridge | undefined;
 let operator: OperatorProcess | undefined;
+let gateway: ChildProcess | undefined;
 let saKc: k8s.KubeConfig;
 
-/** A kubeconfig that authenticates as the chart's ServiceAccount `name` (a token, as the kubelet would mount it). */
-async function serviceAccountKubeConfig(name: string): Promise<k8s.KubeConfig> {
+/** A token of the chart's ServiceAccount `name`, as the kubelet would mount it. */
+async function serviceAccountToken(name: string): Promise<string> {
   const tokenRequest = await core.createNamespacedServiceAccountToken({
     name,
     namespace: releaseNs,
     body: { spec: { audiences: [], expirationSeconds: 3600 } },
   });
+  const token = tokenRequest.status?.token;
+  if (!token) throw new Error(`no token issued for ServiceAccount ${name}`);
+  return token;
+}
+
+/** A kubeconfig that authenticates as the chart's ServiceAccount `name`. */
+async function serviceAccountKubeConfig(name: string): Promise<k8s.KubeConfig> {
   const cluster = kc.getCurrentCluster()!;
   const sa = new k8s.KubeConfig();
   sa.loadFromOptions({
     clusters: [{ name: 'local', server: cluster.server, caData: cluster.caData, caFile: cluster.caFile, skipTLSVerify: cluster.skipTLSVerify }],
-    users: [{ name, token: tokenRequest.status!.token }],
+    users: [{ name, token: await serviceAccountToken(name) }],
     contexts: [{ name: 'sa', cluster: 'local', user: name }],
     currentContext: 'sa',
   });
@@ -93,6 +104,26 @@ async function allowed(verb: string, resource: string, namespace?: string, subre
   return review.status?.allowed === true;
 }
 
+/** The release's values (install and upgrade). */
+const values = {
+  secret: { token: TOKEN },
+  rbac: { targetNamespace: sandboxNs },
+  pool: { name: poolName },
+  // Boxes on the real node (boxd runs there), with the local box image.
+  box: {
+    defaultImage: LOCAL_BOX_IMAGE,
+    defaultCpu: '100m',
+    defaultMemory: '64Mi',
+    nodeSelector: ON_REAL_NODE.box.nodeSelector,
+    tolerations: ON_REAL_NODE.box.tolerations,
+  },
+  nodeSelector: { type: 'kwok' },
+  operator: { nodeSelector: { type: 'kwok' } },
+  // Its pods are made and scheduled (restricted Pod Security); the gateway itself runs below as a
+  // local process with the chart's args and its ServiceAccount's token.
+  egressGateway: { nodeSelector: { type: 'kwok' } },
+};
+
 beforeAll(async () => {
   // Helm creates crds/ only when absent (and never updates it); make sure this checkout's CRD is served.
   await installCrd(kc);
@@ -100,21 +131,6 @@ beforeAll(async () => {
   await core.createNamespace({
     body: { metadata: { name: releaseNs, labels: { 'sandbox-bridge.io/test': 'true', 'pod-security.kubernetes.io/enforce': 'restricted' } } },
   });
-  const values = {
-    secret: { token: TOKEN },
-    rbac: { targetNamespace: sandboxNs },
-    pool: { name: poolName },
-    // Boxes on the real node (boxd runs there), with the local box image.
-    box: {
-      defaultImage: LOCAL_BOX_IMAGE,
-      defaultCpu: '100m',
-      defaultMemory: '64Mi',
-      nodeSelector: ON_REAL_NODE.box.nodeSelector,
-      tolerations: ON_REAL_NODE.box.tolerations,
-    },
-    nodeSelector: { type: 'kwok' },
-    operator: { nodeSelector: { type: 'kwok' } },
-  };
   const res = withValuesFile(values, (file) =>
     helm(['install', release, CHART, '--namespace', releaseNs, '-f', file, '--timeout', '60s'], {
       env: kubeconfigEnv,
@@ -131,6 +147,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await bridge?.close();
   await operator?.stop();
+  gateway?.kill('SIGKILL');
   await custom.deleteClusterCustomObject({ ...pools, name: strayPool }).catch(() => undefined);
   await core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${poolName}` }).catch(() => undefined);
   rmSync(tmp, { recursive: true, force: true });
@@ -146,6 +163,10 @@ test('every object helm rendered is on the API server', async () => {
       'NetworkPolicy', 'NetworkPolicy', 'PodDisruptionBudget', 'PodDisruptionBudget', 'Role', 'Role', 'Role', 'Role',
       'RoleBinding', 'RoleBinding', 'RoleBinding', 'RoleBinding', 'SandboxPool', 'Secret', 'Secret', 'Service', 'Service', 'Service',
       'ServiceAccount', 'ServiceAccount',
+      // the egress gateway: its Deployment, proxy and metrics Services, policy, PDB, RBAC (a Role in
+      // the pool namespace) and its two key Secrets
+      'ClusterRole', 'ClusterRoleBinding', 'Deployment', 'NetworkPolicy', 'PodDisruptionBudget', 'Role', 'RoleBinding',
+      'Secret', 'Secret', 'Service', 'Service', 'ServiceAccount',
     ].sort(),
   );
   for (const doc of manifest) {
@@ -156,15 +177,32 @@ test('every object helm rendered is on the API server', async () => {
   expect(ns.metadata?.labels?.['pod-security.kubernetes.io/enforce']).toBe('restricted');
   const pool = (await objects.read({ apiVersion: 'sandbox-bridge.io/v1alpha1', kind: 'SandboxPool', metadata: { name: poolName } })) as unknown as { spec: Record<string, unknown> };
   expect(pool.spec).toMatchObject({ namespace: sandboxNs, maxBoxes: 50, maxBoxesPerSession: 3, defaultTtlSeconds: 3600 });
+  // The API server took the pool's gateway fields as the chart seeds them (CRD validation).
+  expect(pool.spec.egress).toMatchObject({ mode: 'direct', gateway: { namespace: releaseNs, service: gatewayName, port: 3128 } });
 });
 
+test('helm upgrade keeps the generated keys (looked up, not generated again)', async () => {
+  const names = [`${release}-sandbox-bridge-boxd-key`, `${release}-sandbox-bridge-egress-key`, `${release}-sandbox-bridge-egress-resolver-key`];
+  const read = async () => Promise.all(names.map(async (name) => (await core.readNamespacedSecret({ name, namespace: releaseNs })).data?.key));
+  const before = await read();
+  for (const key of before) expect(Buffer.from(key!, 'base64').toString()).toMatch(/^[A-Za-z0-9]{64}$/);
+  const res = withValuesFile(values, (file) =>
+    helm(['upgrade', release, CHART, '--namespace', releaseNs, '-f', file, '--timeout', '60s'], { env: kubeconfigEnv, timeoutMs: 90_000 }),
+  );
+  expect({ status: res.status, stderr: res.stderr }).toMatchObject({ status: 0 });
+  expect(await read()).toEqual(before);
+  // Nothing rolled the pods for a key that did not change.
+  const upgraded = parseDocs(helm(['get', 'manifest', release, '--namespace', releaseNs], { env: kubeconfigEnv }).stdout);
+  for (const d of upgraded.filter((x) => x.kind === 'Deployment')) expect(d.spec.template.metadata.annotations?.['checksum/egress-key']).toBeUndefined();
+}, 120_000);
+
 test("the chart's pods pass restricted Pod Security (the ReplicaSets create them all)", async () => {
-  const pods = await waitFor('2 bridge and 2 operator pods', async () => {
+  const pods = await waitFor('2 bridge, 2 operator and 2 egress gateway pods', async () => {
     const list = await core.listNamespacedPod({ namespace: releaseNs, labelSelector: `app.kubernetes.io/instance=${release}` });
-    return list.items.length === 4 ? list.items : undefined;
+    return list.items.length === 6 ? list.items : undefined;
   });
   const components = pods.map((p) => p.metadata!.labels!['app.kubernetes.io/component']).sort();
-  expect(components).toEqual(['bridge', 'bridge', 'operator', 'operator']);
+  expect(components).toEqual(['bridge', 'bridge', 'egress-gateway', 'egress-gateway', 'operator', 'operator']);
 }, 60_000);
 
 test('ServiceAccount permissions: what the bridge needs where it needs it, nothing else', async () => {
@@ -195,8 +233,8 @@ test('ServiceAccount permissions: what the bridge needs where it needs it, nothi
   expect(results).toEqual(expectations);
 });
 
-test('kubectl auth can-i: neither program can read a Secret or Pod outside the pool namespace', () => {
-  for (const account of [bridgeName, operatorName]) {
+test('kubectl auth can-i: no program can read a Secret or Pod outside the pool namespace', () => {
+  for (const account of [bridgeName, operatorName, gatewayName]) {
     for (const ns of ['default', 'kube-system', releaseNs]) {
       expect({ account, ns, getSecrets: canI(account, 'get', 'secrets', ns), listPods: canI(account, 'list', 'pods', ns) }).toEqual({
         account,
@@ -222,8 +260,87 @@ test('kubectl auth can-i: neither program can read a Secret or Pod outside the p
   expect(canI(operatorName, 'patch', 'secrets', sandboxNs)).toBe(true);
   expect(canI(operatorName, 'get', 'secrets', 'default')).toBe(false);
   // Box PID limits are read only with operator.nodeChecks.enabled: by default no way to the kubelet API.
-  for (const account of [bridgeName, operatorName]) expect({ account, nodeProxy: canI(account, 'get', 'nodes', undefined, 'proxy') }).toEqual({ account, nodeProxy: false });
+  for (const account of [bridgeName, operatorName, gatewayName]) expect({ account, nodeProxy: canI(account, 'get', 'nodes', undefined, 'proxy') }).toEqual({ account, nodeProxy: false });
+  // The pool CA (Secret and ConfigMap sandbox-bridge-egress-ca) is the operator's to keep.
+  expect(['create', 'update', 'watch'].map((verb) => canI(operatorName, verb, 'configmaps', sandboxNs))).toEqual([true, true, true]);
+  expect(canI(operatorName, 'update', 'secrets', sandboxNs)).toBe(true);
+  expect(canI(operatorName, 'list', 'configmaps', releaseNs)).toBe(false);
 });
+
+test('kubectl auth can-i: the egress gateway may list and watch what it keeps and write Events, nothing else', () => {
+  const expectations: Array<[string, string, string | undefined, boolean]> = [
+    ['list', 'sandboxpools.sandbox-bridge.io', undefined, true],
+    ['watch', 'sandboxpools.sandbox-bridge.io', undefined, true],
+    ['get', 'sandboxpools.sandbox-bridge.io', undefined, false],
+    ['update', 'sandboxpools.sandbox-bridge.io', undefined, false],
+    ['list', 'pods', sandboxNs, true],
+    ['watch', 'pods', sandboxNs, true],
+    ['list', 'secrets', sandboxNs, true],
+    ['watch', 'secrets', sandboxNs, true],
+    ['create', 'events', sandboxNs, true],
+    ['patch', 'events', sandboxNs, true],
+    // list/watch only: no get, no writes to what it reads.
+    ['get', 'secrets', sandboxNs, false],
+    ['get', 'pods', sandboxNs, false],
+    ['create', 'pods', sandboxNs, false],
+    ['patch', 'pods', sandboxNs, false],
+    ['delete', 'secrets', sandboxNs, false],
+    ['update', 'secrets', sandboxNs, false],
+    ['list', 'configmaps', sandboxNs, false],
+    ['create', 'events', releaseNs, false],
+  ];
+  expect(expectations.map(([verb, resource, ns]) => [verb, resource, ns, canI(gatewayName, verb, resource, ns)])).toEqual(expectations);
+});
+
+test('the egress gateway, run with the chart\'s args and only its ServiceAccount\'s token, lists what it watches and is ready', async () => {
+  // The binary from gateway/ as it is now (gateway/build.sh, as the image is built).
+  const bin = join(tmp, 'bin');
+  const build = spawnSync('bash', [join(process.cwd(), 'gateway/build.sh'), bin], { encoding: 'utf8', timeout: 240_000 });
+  expect({ status: build.status, stderr: build.stderr }).toMatchObject({ status: 0 });
+
+  // The key files as the pod mounts them: the chart's generated Secrets.
+  const keyFile = join(tmp, 'egress-key');
+  const resolverKeyFile = join(tmp, 'egress-resolver-key');
+  for (const [name, file] of [[`${release}-sandbox-bridge-egress-key`, keyFile], [`${release}-sandbox-bridge-egress-resolver-key`, resolverKeyFile]] as const) {
+    writeFileSync(file, Buffer.from((await core.readNamespacedSecret({ name, namespace: releaseNs })).data!.key!, 'base64'), { mode: 0o600 });
+  }
+  const tokenFile = join(tmp, 'gateway-token');
+  writeFileSync(tokenFile, await serviceAccountToken(gatewayName), { mode: 0o600 });
+  const cluster = kc.getCurrentCluster()!;
+  const caFile = cluster.caFile ?? join(tmp, 'api-ca.crt');
+  if (!cluster.caFile) writeFileSync(caFile, Buffer.from(cluster.caData!, 'base64'));
+
+  // The Deployment's args, with the pod's paths and ports mapped onto this machine; the API
+  // server given directly instead of the in-cluster service account.
+  const deployment = manifest.find((d) => d.kind === 'Deployment' && d.metadata.name === gatewayName)!;
+  const args = deployment.spec.template.spec.containers[0].args as string[];
+  expect(args).toContain(`-kube-namespace=${sandboxNs}`);
+  const [proxyPort, metricsPort] = [await freePort(), await freePort()];
+  const mapped: Record<string, string> = {
+    '-listen=:3128': `-listen=127.0.0.1:${proxyPort}`,
+    '-metrics-listen=:9090': `-metrics-listen=127.0.0.1:${metricsPort}`,
+    '-key-file=/var/run/secrets/sandbox-bridge-egress/key': `-key-file=${keyFile}`,
+    '-resolver-key-file=/var/run/secrets/sandbox-bridge-egress-resolver/key': `-resolver-key-file=${resolverKeyFile}`,
+  };
+  for (const pod of Object.keys(mapped)) expect(args).toContain(pod);
+  let log = '';
+  gateway = spawn(join(bin, 'egress-gateway'), [...args.map((a) => mapped[a] ?? a), `-kube-server=${cluster.server}`, `-kube-ca-file=${caFile}`, `-kube-token-file=${tokenFile}`], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  gateway.stdout!.on('data', (b: Buffer) => (log += b.toString()));
+  gateway.stderr!.on('data', (b: Buffer) => (log += b.toString()));
+  // Ready only once pools, box pods and records (and the pool CA Secrets) are listed.
+  await waitFor('the gateway to be ready', async () => {
+    if (gateway!.exitCode !== null) throw new Error(`egress-gateway exited ${gateway!.exitCode}`);
+    return (await fetch(`http://127.0.0.1:${metricsPort}/readyz`)).status === 200 ? true : undefined;
+  }, { timeoutMs: 30_000 }).catch((err: unknown) => {
+    throw new Error(`${String(err)}\negress-gateway log:\n${log}`);
+  });
+  expect(log).not.toMatch(/forbidden/i); // (a 403 from the API server says "Forbidden")
+  expect((await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).status).toBe(200);
+  gateway.kill('SIGTERM');
+  await new Promise((resolve) => gateway!.once('exit', resolve));
+}, 300_000);
 
 test('the operator, with only the chart RBAC, reconciles the chart pool, reaps its boxes, and refuses a pool elsewhere', async () => {
   const deployment = manifest.find((d) => d.kind === 'Deployment' && d.metadata.name === operatorName)!;
