@@ -9,6 +9,7 @@ import { makeApiClient } from '../common/kube.js';
 import { BOX_SELECTOR, LABELS, SECRET_COMPONENTS } from '../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool } from '../common/pool.js';
 import { CHILD_SELECTOR } from './children.js';
+import { EGRESS_CA_SELECTOR } from './egress-ca.js';
 import { ScopedCache } from './scoped-cache.js';
 import { EventRecorder } from './events.js';
 import { BoxHealthMonitor } from './health-monitor.js';
@@ -50,6 +51,8 @@ export interface ControllerOptions {
   sleep?: { sealer: EnvSealer; leaseMs: number; workers: number };
   /** Box PID limits (operator/node-checks.ts): read each box node's kubelet configuration, or (off) say they are unverified. */
   nodeChecks?: { enabled: boolean; intervalMs: number };
+  /** How long boxes trust a new egress CA before the gateway signs with it (operator/egress-ca.ts). */
+  egressCaPropagationMs?: number;
 }
 
 interface Reconciler {
@@ -183,6 +186,20 @@ export class Controller {
       (namespace) => net.listNamespacedNetworkPolicy({ namespace, labelSelector: CHILD_SELECTOR }),
       () => net.listNetworkPolicyForAllNamespaces({ labelSelector: CHILD_SELECTOR }),
     );
+    // The pool CAs of gateway-mode pools (operator/egress-ca.ts): one Secret and one ConfigMap per
+    // pool namespace, whole (the reconciler reads the certificates and the rotation state).
+    const caSecrets = scoped<k8s.V1Secret>(
+      'secrets',
+      EGRESS_CA_SELECTOR,
+      (namespace) => core.listNamespacedSecret({ namespace, labelSelector: EGRESS_CA_SELECTOR }),
+      () => core.listSecretForAllNamespaces({ labelSelector: EGRESS_CA_SELECTOR }),
+    );
+    const caConfigMaps = scoped<k8s.V1ConfigMap>(
+      'configmaps',
+      EGRESS_CA_SELECTOR,
+      (namespace) => core.listNamespacedConfigMap({ namespace, labelSelector: EGRESS_CA_SELECTOR }),
+      () => core.listConfigMapForAllNamespaces({ labelSelector: EGRESS_CA_SELECTOR }),
+    );
 
     for (const event of ['add', 'update', 'delete'] as const) {
       this.pools.on(event, (pool) => {
@@ -206,7 +223,7 @@ export class Controller {
         const key = this.sleeper?.keyOf(s, 'Secret');
         if (key) this.sleepQueue?.add(key);
       });
-      for (const child of [namespaceCache, quotas, limits, policies] as Array<ScopedCache<k8s.KubernetesObject>>) {
+      for (const child of [namespaceCache, quotas, limits, policies, caSecrets, caConfigMaps] as Array<ScopedCache<k8s.KubernetesObject>>) {
         child.on(event, (obj) => {
           const pool = obj.metadata?.labels?.[LABELS.pool];
           if (pool) this.enqueue(pool);
@@ -220,6 +237,7 @@ export class Controller {
       secrets,
       namespaces: namespaceCache,
       children: { ResourceQuota: quotas, LimitRange: limits, NetworkPolicy: policies },
+      egressCa: { secrets: caSecrets, configMaps: caConfigMaps },
     };
     this.reconciler = new PoolReconciler({
       kc: o.kc,
@@ -233,6 +251,7 @@ export class Controller {
       ...(o.deleteConcurrency ? { deleteConcurrency: o.deleteConcurrency } : {}),
       ...(o.orphanGraceMs !== undefined ? { orphanGraceMs: o.orphanGraceMs } : {}),
       ...(o.boxd ? { boxd: o.boxd } : {}),
+      ...(o.egressCaPropagationMs !== undefined ? { egressCaPropagationMs: o.egressCaPropagationMs } : {}),
     });
     if (o.snapshots) {
       this.retention = new SnapshotRetentionReconciler({

@@ -52,6 +52,7 @@ async function main(): Promise<void> {
     ...(sleeps ? { sleep: { sealer: new EnvSealer(config.snapshotKeys), leaseMs: config.BOX_LEASE_SECONDS * 1000, workers: config.SLEEP_WORKERS } } : {}),
     stuckPendingMs: config.STUCK_PENDING_SECONDS * 1000,
     nodeChecks: { enabled: config.NODE_CHECKS, intervalMs: config.NODE_CHECK_INTERVAL_SECONDS * 1000 },
+    egressCaPropagationMs: config.EGRESS_CA_PROPAGATION_SECONDS * 1000,
     ...(webhooks ? { webhooks } : {}),
     ...(store
       ? { snapshots: { store, sweepIntervalMs: config.SNAPSHOT_SWEEP_SECONDS * 1000, incompleteGraceMs: config.SNAPSHOT_INCOMPLETE_GRACE_SECONDS * 1000 } }

@@ -9,6 +9,7 @@ import { LABELS, SECRET_COMPONENTS } from '../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool, type SandboxPoolStatus } from '../common/pool.js';
 import { countBoxes, type SeenBox } from './box-counter.js';
 import { desiredChildren, isUpToDate, type Child } from './children.js';
+import { EgressCaKeeper } from './egress-ca.js';
 import type { EventRecorder } from './events.js';
 import type { OperatorMetrics } from './metrics.js';
 import { planReaps, type Reap } from './reaper.js';
@@ -30,6 +31,8 @@ export interface Caches {
   namespaces: Lister<k8s.V1Namespace>;
   /** Namespaced children by kind. */
   children: Record<'ResourceQuota' | 'LimitRange' | 'NetworkPolicy', Lister<k8s.KubernetesObject>>;
+  /** The egress CA's Secrets (whole: the key is what they hold) and ConfigMaps (operator/egress-ca.ts). */
+  egressCa: { secrets: Lister<k8s.V1Secret>; configMaps: Lister<k8s.V1ConfigMap> };
 }
 
 export interface ReconcileResult {
@@ -53,6 +56,8 @@ export interface ReconcilerOptions {
   requestTimeoutMs?: number;
   /** The boxd image and credential key warm boxes are made with (none without them), and the egress key if any (warm-pool.ts). */
   boxd?: { image: string; key: Buffer; egressKey?: Buffer };
+  /** How long boxes trust a new egress CA before the gateway signs with it (default 180 s). */
+  egressCaPropagationMs?: number;
 }
 
 /** Per-namespace record of box pods observed by watch events, drained once counted. */
@@ -95,6 +100,7 @@ export class PoolReconciler {
   /** Deletes sent and not yet seen in the cache: uid -> when sent. */
   private readonly deleting = new Map<string, number>();
   private readonly warmPods: WarmPods | undefined;
+  private readonly egressCa: EgressCaKeeper;
   /** Pools told once that they ask for warm boxes this operator cannot make. */
   private readonly warnedNoBoxd = new Set<string>();
 
@@ -105,6 +111,16 @@ export class PoolReconciler {
     this.custom = makeApiClient(o.kc, k8s.CustomObjectsApi, timeout);
     this.now = o.now ?? Date.now;
     this.warmPods = o.boxd ? new WarmPods({ core: this.core, boxd: o.boxd }) : undefined;
+    this.egressCa = new EgressCaKeeper({
+      core: this.core,
+      secrets: o.caches.egressCa.secrets,
+      configMaps: o.caches.egressCa.configMaps,
+      propagationMs: o.egressCaPropagationMs ?? 180_000,
+      events: o.events,
+      metrics: o.metrics,
+      fieldManager: FIELD_MANAGER,
+      now: this.now,
+    });
   }
 
   async reconcile(name: string): Promise<ReconcileResult> {
@@ -153,6 +169,14 @@ export class PoolReconciler {
       childrenOk = childError === undefined;
     }
 
+    // The pool CA (gateway mode; removed otherwise), once the namespace is in place.
+    let caError: string | undefined;
+    if (childrenOk) {
+      const ca = await this.egressCa.reconcile(pool, log);
+      caError = ca.error;
+      if (ca.requeueAfterMs !== undefined) requeue(ca.requeueAfterMs);
+    }
+
     // Reap, and keep warm boxes, only in a namespace this pool governs.
     let reapError: string | undefined;
     let active = 0;
@@ -182,6 +206,7 @@ export class PoolReconciler {
         conditions.push({ type: 'Ready', status: 'False', reason: 'ChildrenNotReady', message: childError ?? '' });
       }
       if (childError) conditions.push({ type: 'Degraded', status: 'True', reason: 'ApplyFailed', message: childError });
+      else if (caError) conditions.push({ type: 'Degraded', status: 'True', reason: 'EgressCaFailed', message: caError });
       else if (reapError) conditions.push({ type: 'Degraded', status: 'True', reason: 'ReapFailed', message: reapError });
       else conditions.push({ type: 'Degraded', status: 'False', reason: 'AsExpected', message: 'no problems' });
     }
