@@ -32,7 +32,8 @@ const OPERATOR_NAMESPACED_RULES = [
   { apiGroups: ['networking.k8s.io'], resources: ['networkpolicies'], verbs: ['get', 'list', 'watch', 'create', 'patch'] },
   { apiGroups: [''], resources: ['events'], verbs: ['create', 'patch'] },
   // The CA of gateway-mode pools: Secret and ConfigMap sandbox-bridge-egress-ca (operator/egress-ca.ts).
-  { apiGroups: [''], resources: ['secrets', 'configmaps'], verbs: ['get', 'list', 'watch', 'create', 'update', 'patch'] },
+  // delete: a pool back in direct mode has its CA removed.
+  { apiGroups: [''], resources: ['secrets', 'configmaps'], verbs: ['get', 'list', 'watch', 'create', 'update', 'patch', 'delete'] },
 ];
 const OPERATOR_POOL_RULES = [
   { apiGroups: ['sandbox-bridge.io'], resources: ['sandboxpools'], verbs: ['get', 'list', 'watch'] },
@@ -782,7 +783,7 @@ describe('egress gateway', () => {
   const SELECTOR = { 'app.kubernetes.io/name': 'sandbox-bridge', 'app.kubernetes.io/instance': 'rel', 'app.kubernetes.io/component': 'egress-gateway' };
   const GATEWAY_NAMESPACED_RULES = [
     { apiGroups: [''], resources: ['pods', 'secrets'], verbs: ['list', 'watch'] },
-    { apiGroups: [''], resources: ['events'], verbs: ['create', 'patch'] },
+    { apiGroups: [''], resources: ['events'], verbs: ['create'] },
   ];
   const GATEWAY_CLUSTER_RULES = [{ apiGroups: ['sandbox-bridge.io'], resources: ['sandboxpools'], verbs: ['list', 'watch'] }];
   const args = (out: ReturnType<typeof template>) => containers(out.one('Deployment', GATEWAY))[0]!.args!;
