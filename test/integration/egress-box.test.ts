@@ -2,7 +2,7 @@
 // expands the proxy variables with the pod's own name and credential (from its Secret by
 // reference: a cold box's record, a claimed warm pod's own Secret, a woken box's record with its
 // new nonce), the credential is never in the pod spec, and boxd writes the CA bundle the tools are
-// pointed at from the pool CA's ConfigMap, following a change of it into a running box.
+// pointed at from the pool CA's ConfigMap, following a rotation of it into a running box.
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import { BOXD_NONCE_ANNOTATION } from '../../common/boxd.js';
@@ -10,6 +10,7 @@ import { CA_BUNDLE_FILE, EGRESS_CA_CONFIGMAP_KEY, EGRESS_CA_NAME, EGRESS_PROXY_K
 import { apiStatusCode } from '../../common/kube.js';
 import { LABELS, warmCredentialName } from '../../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, withDefaults } from '../../common/pool.js';
+import { EGRESS_CA_ANNOTATIONS } from '../../operator/egress-ca.js';
 import { ON_REAL_NODE, api } from '../support/bridge.js';
 import { realNodeAvailable } from '../support/cluster.js';
 import { boxPods, core, kc, record, startLifecycle, until, type LifecycleEnv } from '../support/lifecycle.js';
@@ -24,8 +25,6 @@ const suite = skipReason ? describe.skip : describe;
 const KEY = randomBytes(24).toString('hex');
 const GATEWAY = gatewayAddress(withDefaults({ namespace: '' }).egress.gateway);
 const SMALL = { cpu: 0.25, memory: 128 };
-// Not a certificate boxd could tell from one: it only concatenates.
-const pem = (tag: string) => `-----BEGIN CERTIFICATE-----\n${Buffer.from(`test CA ${tag}`).toString('base64')}\n-----END CERTIFICATE-----\n`;
 
 type Call = ReturnType<typeof api>;
 
@@ -101,35 +100,23 @@ suite('gateway-mode boxes on the real node', () => {
     expect((await call('DELETE', `/boxes/${warm}`)).status).toBe(200);
   }, 180_000);
 
-  test("the CA bundle holds the pool CA's ConfigMap, and a change of it reaches the running box", async () => {
-    // The operator makes the ConfigMap for gateway pools; one that does not yet is stood in for here.
+  test("the CA bundle holds the pool CA's ConfigMap, and a rotation reaches the running box", async () => {
+    // The operator makes the pool CA of gateway pools (operator/egress-ca.ts).
     const readConfigMap = () =>
       core.readNamespacedConfigMap({ name: EGRESS_CA_NAME, namespace: env.pool.ns }).catch((err: unknown) => {
         if (apiStatusCode(err) === 404) return undefined;
         throw err;
       });
-    let configMap = await until('the pool CA ConfigMap', readConfigMap, 15_000).catch(() => undefined);
-    const managed = configMap !== undefined;
-    if (!configMap) {
-      configMap = await core.createNamespacedConfigMap({
-        namespace: env.pool.ns,
-        body: { metadata: { name: EGRESS_CA_NAME }, data: { [EGRESS_CA_CONFIGMAP_KEY]: pem('one') } },
-      });
-    }
+    const first = await until('the pool CA ConfigMap', async () => (await readConfigMap())?.data?.[EGRESS_CA_CONFIGMAP_KEY], 30_000);
     const bundle = () => exec(cold, `cat "$SSL_CERT_FILE"`);
     const holds = (ca: string) => async () => ((await bundle()).endsWith(ca) ? true : undefined);
-    const first = configMap.data![EGRESS_CA_CONFIGMAP_KEY]!;
     await until('the bundle to hold the pool CA', holds(first), 90_000, 1000);
 
-    // A change (a rotation, or the stand-in rewritten): the kubelet swaps the file, boxd rewrites the bundle.
-    if (managed) {
-      await kc.makeApiClient(k8s.CustomObjectsApi).patchClusterCustomObject(
-        { group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: env.pool.name, body: { metadata: { annotations: { 'sandbox-bridge.io/rotate-egress-ca': 'egress-box-1' } } } },
-        k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
-      );
-    } else {
-      await core.replaceNamespacedConfigMap({ name: EGRESS_CA_NAME, namespace: env.pool.ns, body: { metadata: { name: EGRESS_CA_NAME }, data: { [EGRESS_CA_CONFIGMAP_KEY]: first + pem('two') } } });
-    }
+    // A rotation adds the new CA to the ConfigMap first: the kubelet swaps the file, boxd rewrites the bundle.
+    await kc.makeApiClient(k8s.CustomObjectsApi).patchClusterCustomObject(
+      { group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: env.pool.name, body: { metadata: { annotations: { [EGRESS_CA_ANNOTATIONS.rotate]: 'egress-box-1' } } } },
+      k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
+    );
     const second = await until('the ConfigMap to change', async () => {
       const now = (await readConfigMap())?.data?.[EGRESS_CA_CONFIGMAP_KEY];
       return now && now !== first ? now : undefined;
