@@ -78,6 +78,11 @@ gobuild kubernetes "$KUBERNETES_VERSION" k8s.io/kubernetes \
   k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kubelet \
   k8s.io/kubernetes/cmd/kubectl
+# kube-proxy (the real node's Services, real-node/up.sh): same module and version, cached apart so
+# that adding it did not rebuild the pieces above (the Go build cache shares their packages).
+LDFLAGS=$(component_version "$KUBERNETES_VERSION") \
+REPLACES=$( [ -f "$cache/kube-proxy-$KUBERNETES_VERSION/.done" ] || k8s_replaces ) \
+gobuild kube-proxy "$KUBERNETES_VERSION" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-proxy
 
 # etcd's main package is the module root go.etcd.io/etcd/server/v3, so go names it "server".
 LDFLAGS='' REPLACES='' gobuild etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3

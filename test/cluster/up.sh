@@ -63,7 +63,10 @@ render_config() { # CREATE_NUMBER
   for i in "${!port_names[@]}"; do
     sedargs+=(-e "s#@PORT_${port_names[$i]}@#$([ "$base" = 0 ] && echo 0 || echo $((base + i)))#g")
   done
-  sed -e "s#@ROOT@#$root#g" -e "s#@CLUSTER_NAME@#$CLUSTER_NAME#g" -e "s#@EXEC_DIR@#$EXEC_DIR#g" "${sedargs[@]}" \
+  # The real node's IP (its subnet's .1, per checkout): the API server advertises it.
+  local node_ip
+  node_ip=$(KUBECONFIG=$KUBECONFIG bash -c '. "$1/real-node/real-node.env" && echo "$NODE_IP"' _ "$here")
+  sed -e "s#@ROOT@#$root#g" -e "s#@CLUSTER_NAME@#$CLUSTER_NAME#g" -e "s#@EXEC_DIR@#$EXEC_DIR#g" -e "s#@NODE_IP@#$node_ip#g" "${sedargs[@]}" \
     "$here/kwok.yaml" > "$CLUSTER_DIR/kwok.yaml"
 }
 

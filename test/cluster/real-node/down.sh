@@ -22,22 +22,28 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-stop() { # NAME : TERM, then KILL after 20s, the process whose pid up.sh recorded
-  local pidfile=$d/run/$1.pid pid
+stop() { # NAME [group] : TERM, then KILL after 20s, the process whose pid up.sh recorded (with
+         # `group`, its whole process group: up.sh started it with setsid)
+  local pidfile=$d/run/$1.pid pid target
   [ -f "$pidfile" ] || return 0
   pid=$(cat "$pidfile")
+  target=$pid
+  [ "${2:-}" = group ] && target=-$pid
   # Only the program the pid file names: a stale file's number may belong to another process now
   # (another checkout's kubelet, anything).
   if kill -0 "$pid" 2>/dev/null && grep -qa -- "$1" "/proc/$pid/cmdline" 2>/dev/null; then
     log "stopping $1 (pid $pid)"
-    kill "$pid" 2>/dev/null || true
+    kill -- "$target" 2>/dev/null || true
     for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -9 "$pid" 2>/dev/null || true
+    kill -9 -- "$target" 2>/dev/null || true
   fi
   rm -f "$pidfile"
 }
 
 stop kubelet
+stop kube-proxy
+# The API server forwarder and the process it forked for each connection.
+stop socat group
 # felix goes first: with the pods gone it would only rewrite rules that are about to be removed.
 stop felix
 
@@ -120,8 +126,22 @@ for ns in $(ip netns list 2>/dev/null | awk -v p="sbxth-$REAL_NODE_ID-" 'index($
   ip netns delete "$ns" 2>/dev/null || true
 done
 # The harness (mangle), and the filter chain of earlier, bridged versions.
-for c in "$CHAIN" "$HOSTS_CHAIN" "$CHAIN_IN"; do remove_chain mangle "$c"; done
+for c in "$CHAIN" "$HOSTS_CHAIN" "$CHAIN_IN" "$CHAIN_SVC"; do remove_chain mangle "$c"; done
 remove_chain filter "$CHAIN"
+
+# kube-proxy's chains (KUBE-SERVICES, KUBE-SVC-*, ...; one kube-proxy per machine), once no other
+# checkout's kube-proxy holds the lock: kube-proxy --cleanup removes exactly its own.
+lock_pid='' lock_root=''
+[ -f "$KUBE_PROXY_LOCK" ] && read -r lock_pid lock_root < "$KUBE_PROXY_LOCK" || true
+if [ -z "${lock_pid:-}" ] || [ "${lock_root:-}" = "$root" ] || ! kill -0 "$lock_pid" 2>/dev/null; then
+  rm -f "$KUBE_PROXY_LOCK"
+  if [ -x "$CLUSTER_DIR/bin/kube-proxy" ] && iptables -t nat -S KUBE-SERVICES >/dev/null 2>&1; then
+    log "removing kube-proxy's iptables rules (kube-proxy --cleanup)"
+    if ! cleanup_output=$("$CLUSTER_DIR/bin/kube-proxy" --cleanup 2>&1); then
+      log "WARNING: kube-proxy --cleanup reported errors: $(grep -v '^\s*$' <<<"$cleanup_output" | tail -2 | tr '\n' ' ')"
+    fi
+  fi
+fi
 
 # felix's own chains (cali-*) and ipsets, once no felix runs on this machine (one per machine).
 lock_pid='' lock_root=''
@@ -161,5 +181,5 @@ if [ -f "$KUBECONFIG" ] && kubectl get --raw /readyz >/dev/null 2>&1; then
   kubectl delete node "$REAL_NODE_NAME" --ignore-not-found --wait=false >/dev/null 2>&1 || true
 fi
 
-rm -rf "$d" "$GVISOR_UNAVAILABLE" "$NETPOL_UNAVAILABLE"
+rm -rf "$d" "$GVISOR_UNAVAILABLE" "$NETPOL_UNAVAILABLE" "$SERVICES_UNAVAILABLE" "$IN_CLUSTER_API_UNAVAILABLE"
 log "real node removed"

@@ -62,6 +62,7 @@ command -v curl >/dev/null || missing+=(curl)
 command -v ipset >/dev/null || missing+=(ipset)
 command -v conntrack >/dev/null || missing+=(conntrack)
 command -v gcc >/dev/null || missing+=(gcc)
+command -v socat >/dev/null || missing+=(socat)
 if [ ${#missing[@]} -gt 0 ]; then
   command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get to install them"
   log "installing ${missing[*]}"
@@ -84,6 +85,14 @@ for pid in $(pgrep -x kube-apiserver || true); do  # the one serving our kubecon
   args=$(tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null || true)
   grep -qx -- "--secure-port=${server##*:}" <<<"$args" && apiserver_args=$args
 done
+api_port=${server##*:}
+# The Service IP ranges (ServiceCIDR objects, made from the API server's
+# --service-cluster-ip-range; its default is 10.0.0.0/24): IPv4 ones, as the pod network is.
+service_cidrs=$(kubectl get servicecidrs -o jsonpath='{range .items[*]}{range .spec.cidrs[*]}{@}{"\n"}{end}{end}' 2>/dev/null | grep -v : || true)
+if [ -z "$service_cidrs" ]; then
+  service_cidrs=$(sed -n 's/^--service-cluster-ip-range=//p' <<<"$apiserver_args" | tr ',' '\n' | grep -v : || true)
+fi
+service_cidrs=${service_cidrs:-10.0.0.0/24}
 
 # kwokctl's binary runtime starts the kwok controller with --manage-all-nodes=true: it would take
 # the real node over (heartbeats, and daemonEndpoints pointing at kwok's own port, so exec and
@@ -114,25 +123,68 @@ ip link set "$BRIDGE" up
 
 # The harness, in the mangle table so that it runs before every filter rule (felix's included)
 # and nothing can accept a packet past it: of what pods start, only traffic to other pods
-# passes, and whatever a test registers in $HOSTS_CHAIN (its test hosts, a port on the node);
-# everything else (the host, other checkouts' pods, anything off this machine) is dropped.
-# New connections into pods from anywhere but pods and the host itself are dropped too.
+# passes, to the API server's forwarder on the node IP, to Service IPs that kube-proxy turns
+# into one of those, and whatever a test registers in $HOSTS_CHAIN (its test hosts, a port on
+# the node); everything else (the host, other checkouts' pods, anything off this machine) is
+# dropped. New connections into pods from anywhere but pods and the host itself are dropped too.
 # NetworkPolicy (felix) then decides among what passes.
+# Service IPs: mangle PREROUTING runs before kube-proxy's DNAT (nat PREROUTING), so $CHAIN lets
+# them pass and $CHAIN_SVC (mangle INPUT/FORWARD, after the DNAT) checks the destination they
+# became: a pod or the API server's forwarder, else $HOSTS_CHAIN. A Service IP nobody DNATs
+# (no such Service, no kube-proxy) or one DNATed elsewhere (a selector-less Service's made-up
+# endpoint) is dropped there, so Service IPs never lead a packet off this machine.
 remove_chain filter "$CHAIN" # the bridged harness of earlier versions
-for c in "$CHAIN" "$HOSTS_CHAIN" "$CHAIN_IN"; do iptables -t mangle -N "$c" 2>/dev/null || true; done
-iptables -t mangle -F "$CHAIN"
-iptables -t mangle -A "$CHAIN" -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN
-iptables -t mangle -A "$CHAIN" -d "$NODE_IP" -g "$HOSTS_CHAIN"
-iptables -t mangle -A "$CHAIN" -d "$POD_SUBNET" -j RETURN
-iptables -t mangle -A "$CHAIN" -g "$HOSTS_CHAIN"
-iptables -t mangle -F "$HOSTS_CHAIN"
-iptables -t mangle -A "$HOSTS_CHAIN" -j DROP # tests insert `-d <address> -j RETURN` rules above it
-iptables -t mangle -F "$CHAIN_IN"
-iptables -t mangle -A "$CHAIN_IN" ! -s "$POD_SUBNET" -m conntrack --ctstate NEW -j DROP
+for c in "$CHAIN" "$HOSTS_CHAIN" "$CHAIN_IN" "$CHAIN_SVC"; do iptables -t mangle -N "$c" 2>/dev/null || true; done
+# $HOSTS_CHAIN keeps what running tests registered (a rerun must not cut them off); it only
+# needs its final DROP (tests insert `-d <address> -j RETURN` rules above it).
+iptables -t mangle -C "$HOSTS_CHAIN" -j DROP 2>/dev/null || iptables -t mangle -A "$HOSTS_CHAIN" -j DROP
+# The post-DNAT check is hooked before $CHAIN lets Service IPs pass (an empty chain returns).
+for c in $service_cidrs; do
+  for hook in INPUT FORWARD; do
+    iptables -t mangle -C "$hook" -i "$IFACE_PREFIX+" -m conntrack --ctstate NEW --ctorigdst "$c" -j "$CHAIN_SVC" 2>/dev/null ||
+      iptables -t mangle -I "$hook" 1 -i "$IFACE_PREFIX+" -m conntrack --ctstate NEW --ctorigdst "$c" -j "$CHAIN_SVC"
+  done
+done
+# The other chains are replaced in one transaction, so a rerun never leaves a moment without them.
+{
+  echo '*mangle'
+  echo ":$CHAIN - [0:0]"
+  echo "-A $CHAIN -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN"
+  echo "-A $CHAIN -d $NODE_IP/32 -p tcp --dport $api_port -j RETURN"
+  echo "-A $CHAIN -d $NODE_IP/32 -g $HOSTS_CHAIN"
+  echo "-A $CHAIN -d $POD_SUBNET -j RETURN"
+  for c in $service_cidrs; do echo "-A $CHAIN -d $c -j RETURN"; done
+  echo "-A $CHAIN -g $HOSTS_CHAIN"
+  echo ":$CHAIN_SVC - [0:0]"
+  echo "-A $CHAIN_SVC -d $POD_SUBNET -j RETURN"
+  echo "-A $CHAIN_SVC -d $NODE_IP/32 -p tcp --dport $api_port -j RETURN"
+  echo "-A $CHAIN_SVC -g $HOSTS_CHAIN"
+  echo ":$CHAIN_IN - [0:0]"
+  echo "-A $CHAIN_IN ! -s $POD_SUBNET -m conntrack --ctstate NEW -j DROP"
+  echo COMMIT
+} | iptables-restore -w --noflush
 # Matched by interface (every pod packet enters on its own veth), not by source address: the
 # host talks to its own node IP over loopback with that address as source.
 iptables -t mangle -C PREROUTING -i "$IFACE_PREFIX+" -j "$CHAIN" 2>/dev/null || iptables -t mangle -I PREROUTING 1 -i "$IFACE_PREFIX+" -j "$CHAIN"
 iptables -t mangle -C FORWARD -o "$IFACE_PREFIX+" -j "$CHAIN_IN" 2>/dev/null || iptables -t mangle -I FORWARD 1 -o "$IFACE_PREFIX+" -j "$CHAIN_IN"
+
+# The API server for pods: it listens on loopback only, and advertises the node IP
+# (test/cluster/kwok.yaml), so the `kubernetes` Service leads to $NODE_IP:<its port>, where this
+# forwarder passes connections on to it, bytes unchanged (TLS end to end). One process per
+# connection (fork), all in the forwarder's process group, which down.sh stops.
+forwarder="$NODE_IP:$api_port"
+if running "$d/run/socat.pid" && [ "$(cat "$d/run/socat.target" 2>/dev/null)" = "$forwarder" ]; then
+  log "API server forwarder already running on $forwarder (pid $(cat "$d/run/socat.pid"))"
+else
+  if running "$d/run/socat.pid"; then kill -- "-$(cat "$d/run/socat.pid")" 2>/dev/null || true; sleep 0.5; fi
+  log "starting the API server forwarder on $forwarder (socat, to 127.0.0.1:$api_port)"
+  setsid socat "TCP-LISTEN:$api_port,bind=$NODE_IP,reuseaddr,fork,backlog=128" "TCP:127.0.0.1:$api_port" \
+    >>"$d/logs/socat.log" 2>&1 < /dev/null &
+  echo $! > "$d/run/socat.pid"
+  echo "$forwarder" > "$d/run/socat.target"
+  for _ in $(seq 1 20); do [ -n "$(ss -Htln "src $NODE_IP and sport = :$api_port")" ] && break; sleep 0.25; done
+  [ -n "$(ss -Htln "src $NODE_IP and sport = :$api_port")" ] || die "the API server forwarder did not listen on $forwarder: $(tail -3 "$d/logs/socat.log")"
+fi
 
 # CNI: Calico's plugin with host-local addresses; its directory holds only what this node uses.
 mkdir -p "$d/cni/bin"
@@ -164,8 +216,12 @@ cat > "$d/cni/net.d/10-sbx-real-node.conflist" <<EOF
 }
 EOF
 # What the tests need to know about this network (test/support/test-hosts.ts).
-printf '{"id": "%s", "podSubnet": "%s", "nodeIP": "%s", "hostsChain": "%s", "ifacePrefix": "%s", "octet": %d}\n' \
-  "$REAL_NODE_ID" "$POD_SUBNET" "$NODE_IP" "$HOSTS_CHAIN" "$IFACE_PREFIX" "$TEST_HOST_OCTET" > "$d/network.json"
+jq -n --arg id "$REAL_NODE_ID" --arg podSubnet "$POD_SUBNET" --arg nodeIP "$NODE_IP" --arg hostsChain "$HOSTS_CHAIN" \
+  --arg svcChain "$CHAIN_SVC" --arg ifacePrefix "$IFACE_PREFIX" --argjson octet "$TEST_HOST_OCTET" \
+  --arg serviceCIDRs "$service_cidrs" --argjson apiServerPort "$api_port" \
+  '{$id, $podSubnet, $nodeIP, $hostsChain, $svcChain, $ifacePrefix, $octet,
+    serviceCIDRs: ($serviceCIDRs | split("\n") | map(select(. != ""))), apiForwarder: {address: $nodeIP, port: $apiServerPort}}' \
+  > "$d/network.json"
 
 # Calico's resources, which its CNI plugin and felix read: the CRDs (copied by build.sh from the
 # Calico module), ClusterInformation (the plugin refuses to work until datastoreReady) and the
@@ -440,6 +496,119 @@ done
 [ "$(kubectl get node "$REAL_NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] ||
   die "node $REAL_NODE_NAME not Ready after 180s; see $d/logs/kubelet.log"
 rm -f "$REAL_NODE_UNAVAILABLE"
+
+# --- Services: kube-proxy ------------------------------------------------------------------------
+# kube-proxy (iptables mode, built with the kubelet) makes ClusterIP Services work for this node's
+# pods. clusterCIDR is the pod subnet, so pod -> Service -> pod is not SNATed (the backend sees
+# the client pod's own IP); only what comes from outside it (the host) is masqueraded. It changes
+# no sysctl: no conntrack sizing or timeouts (0 = leave as is), no route_localnet (NodePorts only
+# on the node IP, never on loopback), no oom_score_adj (root here lacks CAP_SYS_RESOURCE).
+# Its chains (KUBE-SERVICES, ...) come before felix's (felix appends) and only DNAT, SNAT and
+# reject; NetworkPolicy is still decided by felix, on the DNATed destination. One per machine
+# (fixed chain names): the first checkout holds $KUBE_PROXY_LOCK, others record why they have none.
+lock_owner() { # LOCKFILE PROGRAM: the checkout holding the lock, if its process still runs
+  local pid owner_root
+  [ -f "$1" ] && read -r pid owner_root < "$1" || return 0
+  if kill -0 "$pid" 2>/dev/null && grep -qa -- "$2" "/proc/$pid/cmdline" 2>/dev/null; then printf '%s\n' "$owner_root"; fi
+}
+proxy_owner=$(lock_owner "$KUBE_PROXY_LOCK" kube-proxy)
+services_error=""
+if running "$d/run/kube-proxy.pid"; then
+  log "kube-proxy already running (pid $(cat "$d/run/kube-proxy.pid"))"
+elif [ -n "$proxy_owner" ] && [ "$proxy_owner" != "$root" ]; then
+  services_error="kube-proxy (one per machine: its iptables chains have fixed names) already runs for the checkout $proxy_owner; stop its cluster and run test/cluster/up.sh again"
+elif [ ! -x "$CLUSTER_DIR/bin/kube-proxy" ]; then
+  services_error="kube-proxy not built (run test/cluster/build.sh)"
+else
+  # Its own identity, as kubeadm gives it: system:kube-proxy, bound to system:node-proxier by
+  # the API server's bootstrap RBAC.
+  issue kube-proxy "/CN=system:kube-proxy" \
+    "extendedKeyUsage=clientAuth
+keyUsage=critical,digitalSignature,keyEncipherment"
+  mkdir -p "$d/kube-proxy"
+  kubectl config --kubeconfig "$d/kube-proxy/kubeconfig" set-cluster local \
+    --server "$server" --certificate-authority "$KWOK_PKI/ca.crt" --embed-certs >/dev/null
+  kubectl config --kubeconfig "$d/kube-proxy/kubeconfig" set-credentials kube-proxy \
+    --client-certificate "$pki/kube-proxy.crt" --client-key "$pki/kube-proxy.key" --embed-certs >/dev/null
+  kubectl config --kubeconfig "$d/kube-proxy/kubeconfig" set-context local --cluster local --user kube-proxy >/dev/null
+  kubectl config --kubeconfig "$d/kube-proxy/kubeconfig" use-context local >/dev/null
+  cat > "$d/kube-proxy/config.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: $d/kube-proxy/kubeconfig
+mode: iptables
+hostnameOverride: $REAL_NODE_NAME
+# The pod subnet: traffic from it is "local", so pod -> Service -> pod keeps its source IP.
+clusterCIDR: $POD_SUBNET
+detectLocalMode: ClusterCIDR
+bindAddress: $NODE_IP
+healthzBindAddress: $NODE_IP:$KUBE_PROXY_HEALTH_PORT
+metricsBindAddress: $NODE_IP:$KUBE_PROXY_METRICS_PORT
+# NodePorts on the node IP only: never on this machine's other addresses, never on loopback.
+nodePortAddresses: [$NODE_IP/32]
+iptables:
+  localhostNodePorts: false
+  masqueradeAll: false
+  syncPeriod: 30s
+  minSyncPeriod: 1s
+# Leave the machine's conntrack settings and this process's OOM score as they are.
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+oomScoreAdj: 0
+logging: {format: text}
+EOF
+  log "starting kube-proxy ($("$CLUSTER_DIR/bin/kube-proxy" --version), iptables mode, cluster CIDR $POD_SUBNET)"
+  setsid "$CLUSTER_DIR/bin/kube-proxy" --config "$d/kube-proxy/config.yaml" >>"$d/logs/kube-proxy.log" 2>&1 < /dev/null &
+  echo $! > "$d/run/kube-proxy.pid"
+  printf '%s %s\n' "$(cat "$d/run/kube-proxy.pid")" "$root" > "$KUBE_PROXY_LOCK"
+  for _ in $(seq 1 120); do
+    curl -fsS "http://$NODE_IP:$KUBE_PROXY_HEALTH_PORT/healthz" >/dev/null 2>&1 && break
+    running "$d/run/kube-proxy.pid" || break
+    sleep 0.5
+  done
+  if ! curl -fsS "http://$NODE_IP:$KUBE_PROXY_HEALTH_PORT/healthz" >/dev/null 2>&1; then
+    services_error="kube-proxy did not become healthy: $(grep -v '^\s*$' "$d/logs/kube-proxy.log" | tail -3 | tr '\n' ' ')"
+    kill "$(cat "$d/run/kube-proxy.pid")" 2>/dev/null || true
+    rm -f "$d/run/kube-proxy.pid" "$KUBE_PROXY_LOCK"
+  fi
+fi
+if [ -n "$services_error" ]; then
+  # Pods still run; Service IPs lead nowhere ($CHAIN_SVC drops them), and the tests that need
+  # Services skip and say why.
+  printf 'Services do not work on this real node: %s\n' "$services_error" > "$SERVICES_UNAVAILABLE"
+  log "WARNING: $(cat "$SERVICES_UNAVAILABLE")"
+else
+  rm -f "$SERVICES_UNAVAILABLE"
+  log "kube-proxy ready: ClusterIP Services work on $REAL_NODE_NAME (Service IPs $(echo $service_cidrs))"
+fi
+
+# In-cluster API access: checked the way a pod's client does it, from the host (kube-proxy DNATs
+# the host's connections too): https://<kubernetes Service IP>:443, verifying the serving
+# certificate for that IP with the cluster CA. What fails is recorded for the tests to print.
+api_error=""
+svc_ip=$(kubectl get service kubernetes -n default -o jsonpath='{.spec.clusterIP}')
+advertised=$(kubectl get endpointslice kubernetes -n default -o jsonpath='{.endpoints[0].addresses[0]}:{.ports[0].port}' 2>/dev/null || true)
+tls_cert=$(sed -n 's/^--tls-cert-file=//p' <<<"$apiserver_args")
+if [ -n "$services_error" ]; then
+  api_error="it needs Services: $services_error"
+elif [ "$advertised" != "$forwarder" ]; then
+  api_error="the kubernetes Service leads to $advertised, not to the forwarder on $forwarder: the API server does not advertise the node IP (--advertise-address), so the cluster was created from an older test/cluster/kwok.yaml; recreate it (npm run cluster:down && npm run cluster:up)"
+elif [ -n "$tls_cert" ] && [[ "$(openssl x509 -noout -checkip "$svc_ip" -in "$tls_cert" 2>&1)" != *"does match"* ]]; then
+  api_error="the API server's certificate ($tls_cert) is not valid for the kubernetes Service IP $svc_ip (kwokctl's kubeApiserverCertSANs, test/cluster/kwok.yaml; the cluster was created from an older one: recreate it)"
+elif ! curl_error=$(curl -sS -o /dev/null --max-time 10 --cacert "$KWOK_PKI/ca.crt" "https://$svc_ip:443/readyz" 2>&1); then
+  api_error="https://$svc_ip:443/readyz failed from the host: $curl_error"
+fi
+if [ -n "$api_error" ]; then
+  printf 'Pods on this real node cannot reach the API server with in-cluster config: %s\n' "$api_error" > "$IN_CLUSTER_API_UNAVAILABLE"
+  log "WARNING: $(cat "$IN_CLUSTER_API_UNAVAILABLE")"
+else
+  rm -f "$IN_CLUSTER_API_UNAVAILABLE"
+  log "in-cluster API access: https://$svc_ip:443 -> $forwarder -> 127.0.0.1:$api_port, certificate valid for $svc_ip"
+fi
 
 # --- NetworkPolicy: felix ------------------------------------------------------------------------
 # Calico's felix enforces NetworkPolicy on this node's pod interfaces (policy only: no BGP, no
