@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Adds one real node to the running local cluster: a kubelet on containerd (CRI) + runc + CNI
-# bridge on this machine, so pods that select and tolerate it run in real containers.
+# Adds one real node to the running local cluster: a kubelet on containerd (CRI) + runc + Calico's
+# CNI plugin on this machine, so pods that select and tolerate it run in real containers; felix
+# (NetworkPolicy), kube-proxy (ClusterIP Services) and a forwarder to the API server (in-cluster
+# config) beside it.
 #
 #   test/cluster/real-node/up.sh            (needs root, and a running cluster from test/cluster/up.sh;
 #                                            test/cluster/up.sh runs this itself unless --no-real-node)
@@ -10,7 +12,7 @@
 #   tolerations:  [{key: sandbox-bridge.io/real-node, operator: Exists, effect: NoSchedule}]
 # and imagePullPolicy IfNotPresent/Never (images come from images.sh; no registry is reachable).
 # Everything lives under .cluster/real-node/ plus, named with this checkout's instance id
-# (real-node.env), the bridge sbx-<id>, the iptables chain SBX-RN-<id> and the cgroup
+# (real-node.env), the bridge sbx-<id>, the iptables chains SBX-RN-<id>* and the cgroup
 # sandbox-bridge-<id>; down.sh removes them all. Idempotent: running processes are reused.
 # On failure the reason is printed and written to .cluster/real-node.unavailable (the tests
 # print it when they skip).
