@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import type * as k8s from '@kubernetes/client-node';
+import { createBridgeClient, type BridgeClient } from '../client/index.js';
 import { LABELS } from '../common/labels.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
@@ -110,3 +111,78 @@ export async function warmReady(core: k8s.CoreV1Api, namespace: string, pool: st
   const pods = await core.listNamespacedPod({ namespace, labelSelector: `${LABELS.warm}=${pool}` });
   return pods.items.filter((p) => !p.metadata?.deletionTimestamp && p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True')).length;
 }
+
+/**
+ * The warm-pool benches' pool (bench:warm, bench:peers): boxes of 50m and memoryMi on the real
+ * node, `warm` of them kept warm, room for warm + claimed + refilling ones.
+ */
+export function warmBenchPoolSpec(o: { namespace: string; warm: number; memoryMi: number }): { namespace: string } & Record<string, unknown> {
+  return {
+    namespace: o.namespace,
+    maxBoxes: o.warm * 3 + 5,
+    maxBoxesPerSession: 3,
+    box: {
+      defaultImage: 'sandbox-bridge.local/box:dev',
+      // Boxes get what they request (Guaranteed QoS), and the real node's 2 allocatable cores
+      // hold 40 such boxes at once (20 warm, 20 claimed: refills beyond that are scheduled as
+      // claimed boxes go). At 10m a box's own start
+      // (runc init, the boxd copy) and first command crawl under the CFS quota (measured:
+      // 13 s to start, 300 ms for `true`); 50m is the least that does not.
+      defaultCpu: '50m',
+      defaultMemory: `${o.memoryMi}Mi`,
+      ...ON_REAL_NODE,
+    },
+    warm: { count: o.warm },
+  };
+}
+
+/** The operator as its own process for the pools labelled `sandbox-bridge.io/bench=<id>`, with its own lease. */
+export async function startBenchOperator(root: string, kubeconfig: string, o: { pool: string; id: string; boxdKey: string }): Promise<ChildProcess> {
+  return startProgram(root, kubeconfig, 'dist/operator/main.js', {
+    METRICS_PORT: String(await freePort()),
+    METRICS_HOST: '127.0.0.1',
+    LEASE_NAMESPACE: 'default',
+    LEASE_NAME: `${o.pool}-lease`,
+    POD_NAME: `${o.pool}-operator`,
+    POOL_SELECTOR: `sandbox-bridge.io/bench=${o.id}`,
+    BOXD_IMAGE,
+    BOXD_KEY: o.boxdKey,
+  });
+}
+
+/** A bridge replica as its own process on a free loopback port (rate limit out of the way), once it answers. */
+export async function startBenchBridge(
+  root: string,
+  kubeconfig: string,
+  o: { token: string; boxdKey: string; pool: string; namespace: string },
+): Promise<{ child: ChildProcess; client: BridgeClient }> {
+  const port = await freePort();
+  const child = startProgram(root, kubeconfig, 'dist/bridge/main.js', {
+    BRIDGE_TOKEN: o.token,
+    BOXD_KEY: o.boxdKey,
+    BOXD_IMAGE,
+    POOL_NAME: o.pool,
+    SANDBOX_NAMESPACE: o.namespace,
+    PORT: String(port),
+    METRICS_PORT: String(await freePort()),
+    HOST: '127.0.0.1',
+    RATE_LIMIT_RPS: '100000',
+    RATE_LIMIT_BURST: '100000',
+  });
+  const url = `http://127.0.0.1:${port}`;
+  await waitUntil('a bridge to start', async () => (await fetch(`${url}/api/v1/health`, { headers: { authorization: `Bearer ${o.token}` } })).ok, 60_000);
+  return { child, client: createBridgeClient({ url, token: o.token, retries: 0 }) };
+}
+
+/** Create -> first exec (`true`) answered, in ms; the create alone; whether a warm pod served it. */
+export async function createAndExec(client: BridgeClient, session: string, memory: number): Promise<{ total: number; create: number; boxId: string; warm: boolean; t0: number }> {
+  const t0 = performance.now();
+  const box = await client.createBox({ sessionId: session, memory });
+  const create = performance.now() - t0;
+  const r = await client.exec(box.box_id, { command: 'true' });
+  if (r.exit_code !== 0) throw new Error(`first exec exited ${r.exit_code}`);
+  return { total: performance.now() - t0, create, boxId: box.box_id, warm: box.pod_name !== box.box_id, t0 };
+}
+
+/** n, p50, p99 and max of a sample. */
+export const stats = (v: number[]) => ({ n: v.length, p50: percentile(v, 50), p99: percentile(v, 99), max: Math.max(...v) });

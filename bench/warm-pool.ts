@@ -16,10 +16,22 @@ import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
-import { createBridgeClient, type BridgeClient } from '../client/index.js';
+import type { BridgeClient } from '../client/index.js';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { writeResults } from './results-file.js';
-import { BOXD_IMAGE, ON_REAL_NODE, REAL_NODE_LABEL, ensureCluster, freePort, kubectl, percentile, startProgram, waitUntil, warmReady as warmReadyIn } from './setup.js';
+import {
+  REAL_NODE_LABEL,
+  createAndExec,
+  ensureCluster,
+  kubectl,
+  percentile,
+  startBenchBridge,
+  startBenchOperator,
+  stats,
+  waitUntil,
+  warmBenchPoolSpec,
+  warmReady as warmReadyIn,
+} from './setup.js';
 
 const ROOT = process.cwd();
 const WARM = Number(process.env.BENCH_WARM ?? 20);
@@ -44,28 +56,8 @@ const custom = kc.makeApiClient(k8s.CustomObjectsApi);
 const log = (msg: string) => process.stderr.write(`[bench:warm] ${msg}\n`);
 
 const ms = (v: number) => `${v.toFixed(0)} ms`;
-const stats = (v: number[]) => ({ n: v.length, p50: percentile(v, 50), p99: percentile(v, 99), max: Math.max(...v) });
 
-const start = (script: string, env: Record<string, string>) => startProgram(ROOT, KUBECONFIG, script, env);
-
-async function startBridge(): Promise<{ child: ChildProcess; client: BridgeClient }> {
-  const port = await freePort();
-  const child = start('dist/bridge/main.js', {
-    BRIDGE_TOKEN: token,
-    BOXD_KEY: boxdKey,
-    BOXD_IMAGE,
-    POOL_NAME: pool,
-    SANDBOX_NAMESPACE: ns,
-    PORT: String(port),
-    METRICS_PORT: String(await freePort()),
-    HOST: '127.0.0.1',
-    RATE_LIMIT_RPS: '100000',
-    RATE_LIMIT_BURST: '100000',
-  });
-  const url = `http://127.0.0.1:${port}`;
-  await waitUntil('a bridge to start', async () => (await fetch(`${url}/api/v1/health`, { headers: { authorization: `Bearer ${token}` } })).ok, 60_000);
-  return { child, client: createBridgeClient({ url, token, retries: 0 }) };
-}
+const startBridge = () => startBenchBridge(ROOT, KUBECONFIG, { token, boxdKey, pool, namespace: ns });
 
 const warmReady = () => warmReadyIn(core, ns, pool);
 
@@ -97,16 +89,6 @@ function watchPodMilestones(): { seen: Map<string, { scheduled?: number; ip?: nu
   return { seen, stop: () => request?.abort() };
 }
 
-/** Create -> first exec answered, in ms; and the create alone. */
-async function createAndExec(client: BridgeClient, session: string, memory: number): Promise<{ total: number; create: number; boxId: string; warm: boolean; t0: number }> {
-  const t0 = performance.now();
-  const box = await client.createBox({ sessionId: session, memory });
-  const create = performance.now() - t0;
-  const r = await client.exec(box.box_id, { command: 'true' });
-  if (r.exit_code !== 0) throw new Error(`first exec exited ${r.exit_code}`);
-  return { total: performance.now() - t0, create, boxId: box.box_id, warm: box.pod_name !== box.box_id, t0 };
-}
-
 async function main() {
   const results: Record<string, unknown> = { date: new Date().toISOString(), node: process.version, cores: (await import('node:os')).cpus().length, warm: WARM };
   const rows: Array<[string, string, string]> = [];
@@ -116,16 +98,7 @@ async function main() {
   }
   kubectl(ROOT, KUBECONFIG, 'apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(ROOT, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
   kubectl(ROOT, KUBECONFIG, 'wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
-  const operator = start('dist/operator/main.js', {
-    METRICS_PORT: String(await freePort()),
-    METRICS_HOST: '127.0.0.1',
-    LEASE_NAMESPACE: 'default',
-    LEASE_NAME: `${pool}-lease`,
-    POD_NAME: `${pool}-operator`,
-    POOL_SELECTOR: `sandbox-bridge.io/bench=${id}`,
-    BOXD_IMAGE,
-    BOXD_KEY: boxdKey,
-  });
+  const operator = await startBenchOperator(ROOT, KUBECONFIG, { pool, id, boxdKey });
   const bridges: Array<{ child: ChildProcess; client: BridgeClient }> = [];
   try {
     await custom.createClusterCustomObject({
@@ -136,22 +109,7 @@ async function main() {
         apiVersion: POOL_API_VERSION,
         kind: POOL_KIND,
         metadata: { name: pool, labels: { 'sandbox-bridge.io/bench': id } },
-        spec: {
-          namespace: ns,
-          maxBoxes: WARM * 3 + 5,
-          maxBoxesPerSession: 3,
-          box: {
-            defaultImage: 'sandbox-bridge.local/box:dev',
-            // Boxes get what they request (Guaranteed QoS), and this node has 2 cores for up to
-            // 60 boxes at once (20 warm, 20 claimed, 20 refilling). At 10m a box's own start
-            // (runc init, the boxd copy) and first command crawl under the CFS quota (measured:
-            // 13 s to start, 300 ms for `true`); 50m is the least that does not.
-            defaultCpu: '50m',
-            defaultMemory: `${WARM_MEMORY}Mi`,
-            ...ON_REAL_NODE,
-          },
-          warm: { count: WARM },
-        },
+        spec: warmBenchPoolSpec({ namespace: ns, warm: WARM, memoryMi: WARM_MEMORY }),
       },
     });
     bridges.push(await startBridge(), await startBridge());
