@@ -53,7 +53,7 @@ export async function startTestBridge(
  * for what must be measured on the bridge alone (its RSS) or read from its own log (`logs`, all
  * it wrote). It watches the SandboxPool POOL_NAME.
  */
-export async function spawnBridge(env: Record<string, string>): Promise<{ url: string; pid: number; stop: () => Promise<void>; logs: () => string }> {
+export async function spawnBridge(env: Record<string, string>): Promise<{ url: string; metricsUrl: string; pid: number; stop: () => Promise<void>; logs: () => string }> {
   const [port, metricsPort] = [await freePort(), await freePort()];
   let output = '';
   const child = spawn(join(process.cwd(), 'node_modules/.bin/node'), [...NODE_FLAGS, join(process.cwd(), 'dist/bridge/main.js')], {
@@ -82,7 +82,7 @@ export async function spawnBridge(env: Record<string, string>): Promise<{ url: s
   for (let i = 0; i < 300; i++) {
     if (child.exitCode !== null) throw new Error(`bridge exited with ${child.exitCode}:\n${output}`);
     const ready = await fetch(`http://127.0.0.1:${metricsPort}/readyz`).then((r) => r.ok, () => false);
-    if (ready) return { url: `http://127.0.0.1:${port}`, pid: child.pid!, stop, logs: () => output };
+    if (ready) return { url: `http://127.0.0.1:${port}`, metricsUrl: `http://127.0.0.1:${metricsPort}`, pid: child.pid!, stop, logs: () => output };
     await new Promise((r) => setTimeout(r, 100));
   }
   await stop();
