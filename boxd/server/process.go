@@ -43,20 +43,33 @@ type execBody struct {
 	TimeoutMs      int64             `json:"timeout_ms"`
 	MaxOutputBytes int64             `json:"max_output_bytes"`
 	MaxConcurrent  int               `json:"max_concurrent"`
+	Coalesce       bool              `json:"coalesce"`
 }
 
-// execOutput sends an exec's events as frames, each flushed at once.
-type execOutput struct{ *frameStream }
+// execOutput sends an exec's events as frames: each flushed at once (a caller showing output
+// as it comes), or, with coalesce, left in the response's buffer to go out when it fills or the
+// command ends (a caller that reads the answer whole: one write for a short command instead of
+// one per frame and one for the end, and a Content-Length instead of chunks).
+type execOutput struct {
+	*frameStream
+	flush bool
+}
 
 func (o execOutput) Started(pid int) {
 	o.start()
 	_ = o.fw.WriteJSON(frames.Start, map[string]int{"pid": pid})
-	_ = o.fw.Flush()
+	if o.flush {
+		_ = o.fw.Flush()
+	}
 }
 
 func (o execOutput) Output(stream byte, p []byte) {
 	o.start()
-	_ = o.fw.WriteFlush(stream, p)
+	if o.flush {
+		_ = o.fw.WriteFlush(stream, p)
+	} else {
+		_ = o.fw.Write(stream, p)
+	}
 }
 
 func (s *server) exec(w http.ResponseWriter, r *http.Request) {
@@ -78,7 +91,7 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request) {
 		}
 		req.Stdin = append([]byte{}, b...) // non-nil even when empty: a pipe closed at once
 	}
-	out := execOutput{newFrameStream(w)}
+	out := execOutput{newFrameStream(w), !body.Coalesce}
 	exit, err := s.Procs.Exec(r.Context(), req, out)
 	if err != nil {
 		writeError(w, err)
@@ -90,7 +103,9 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request) {
 	} else {
 		_ = out.fw.WriteJSON(frames.Exit, exit)
 	}
-	_ = out.fw.Flush()
+	if out.flush {
+		_ = out.fw.Flush()
+	} // else the server sends what is buffered, and the end of the answer, as the handler returns
 }
 
 // --- env -------------------------------------------------------------------------------------

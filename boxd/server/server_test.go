@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,6 +39,32 @@ type box struct {
 	procs   *process.Manager
 	logs    *bytes.Buffer
 	logMu   *sync.Mutex
+	// writes counts the server's writes to its connections (each one a send to the client).
+	writes *atomic.Int64
+}
+
+// countingListener counts the writes made to the connections it accepts.
+type countingListener struct {
+	net.Listener
+	writes *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return countingConn{c, l.writes}, nil
+}
+
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
 }
 
 type lockedWriter struct {
@@ -68,15 +95,18 @@ func newBox(t *testing.T) *box {
 		t.Fatal(err)
 	}
 	logs, mu := &bytes.Buffer{}, &sync.Mutex{}
-	srv := httptest.NewServer(New(Config{
+	srv := httptest.NewUnstartedServer(New(Config{
 		Version: "test", StartedAt: time.Now(), Auth: checker, Procs: procs, Protected: []string{secret},
 		Log: slog.New(slog.NewJSONHandler(lockedWriter{mu, logs}, nil)),
 	}))
+	writes := &atomic.Int64{}
+	srv.Listener = countingListener{srv.Listener, writes}
+	srv.Start()
 	t.Cleanup(func() {
 		procs.Shutdown()
 		srv.Close()
 	})
-	return &box{t: t, url: srv.URL, workdir: workdir, secret: secret, procs: procs, logs: logs, logMu: mu}
+	return &box{t: t, url: srv.URL, workdir: workdir, secret: secret, procs: procs, logs: logs, logMu: mu, writes: writes}
 }
 
 func (b *box) do(method, path string, body io.Reader, headers ...string) *http.Response {
@@ -257,6 +287,47 @@ func TestExecOverHTTP(t *testing.T) {
 	wantError(t, b.do("POST", "/v1/exec", jsonBody(map[string]any{"command": "true"})), 400, "invalid_request")
 	wantError(t, b.do("POST", "/v1/exec", jsonBody(map[string]any{"command": "true", "timeout_ms": 100, "stdin": "!!"})), 400, "invalid_request")
 	wantError(t, b.do("POST", "/v1/exec", bytes.NewReader(make([]byte, 2<<20))), 413, "payload_too_large")
+}
+
+// A caller that reads the answer whole (the bridge's exec) asks boxd to coalesce: the same
+// frames, sent in one write with a Content-Length for a short command, instead of a flush per
+// frame and one for the end of the chunks. Output frames carry at most 32 KiB either way (the
+// bridge's exec relay counts on it to bound what it holds).
+func TestExecCoalesce(t *testing.T) {
+	b := newBox(t)
+	run := func(coalesce bool, command string) (execResult, *http.Response, int64, []frame) {
+		t.Helper()
+		before := b.writes.Load()
+		resp := b.do("POST", "/v1/exec", jsonBody(map[string]any{"command": command, "timeout_ms": 20000, "coalesce": coalesce}))
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			body, _ := io.ReadAll(resp.Body)
+			t.Fatalf("exec: %d %s", resp.StatusCode, body)
+		}
+		fs := readFrames(t, resp.Body)
+		return collect(t, fs), resp, b.writes.Load() - before, fs
+	}
+	for _, coalesce := range []bool{false, true} {
+		r, resp, writes, _ := run(coalesce, "echo hi; echo err >&2; exit 3")
+		if r.pid <= 0 || r.stdout != "hi\n" || r.stderr != "err\n" || !r.sawExit || r.exit.ExitCode != 3 || r.exit.StdoutBytes != 3 {
+			t.Fatalf("coalesce=%v: %+v", coalesce, r)
+		}
+		if coalesce && (writes != 1 || resp.ContentLength <= 0) {
+			t.Fatalf("coalesced exec: %d writes, Content-Length %d; want 1 write with a length", writes, resp.ContentLength)
+		}
+		if !coalesce && (writes < 3 || resp.ContentLength != -1) {
+			t.Fatalf("streamed exec: %d writes, Content-Length %d; want a flush per frame, chunked", writes, resp.ContentLength)
+		}
+		r, _, _, fs := run(coalesce, "head -c 1048576 /dev/zero")
+		if len(r.stdout) != 1<<20 || r.exit.ExitCode != 0 {
+			t.Fatalf("coalesce=%v: %d bytes of output, %+v", coalesce, len(r.stdout), r.exit)
+		}
+		for _, f := range fs {
+			if len(f.payload) > 32<<10 {
+				t.Fatalf("coalesce=%v: a frame of %d bytes", coalesce, len(f.payload))
+			}
+		}
+	}
 }
 
 func TestExecClientDisconnectKills(t *testing.T) {
