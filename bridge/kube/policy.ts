@@ -73,8 +73,13 @@ export class WatchedPolicy implements PolicySource {
 
   current(): SandboxPoolSpec {
     const pool = this.pool();
-    return pool ? withDefaults(pool.spec) : this.fallback;
+    if (!pool) return this.fallback;
+    // Read on every request (an exec reads it twice): worked out once per version of the pool.
+    if (this.defaulted?.spec !== pool.spec) this.defaulted = { spec: pool.spec, value: withDefaults(pool.spec) };
+    return this.defaulted.value;
   }
+
+  private defaulted: { spec: SandboxPool['spec']; value: SandboxPoolSpec } | undefined;
 
   isHealthy(): boolean {
     return this.informer.hasSynced();
