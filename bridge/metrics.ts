@@ -10,7 +10,7 @@ export interface BridgeMetrics {
   healthy: Gauge;
   boxesCreated: Counter<'path'>;
   createDuration: Histogram<'path'>;
-  warmMisses: Counter;
+  warmMisses: Counter<'reason'>;
   warmReady: Gauge;
   rateLimited: Counter<'reason'>;
   tokenRequests: Counter<'token' | 'status'>;
@@ -101,7 +101,8 @@ export function createMetrics(activeBoxes: () => number = () => 0, state: Metric
     }),
     warmMisses: new Counter({
       name: 'sandbox_bridge_warm_misses_total',
-      help: 'Creates of the warm shape that found no warm box to claim and made a new pod',
+      help: 'Creates of a warm shape made as a new pod instead, by reason (none_ready: no warm box of the shape was ready; all_taken: every one tried was claimed meanwhile)',
+      labelNames: ['reason'],
       registers: [registry],
     }),
     warmReady: new Gauge({

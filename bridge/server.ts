@@ -169,7 +169,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       metrics.boxesCreated.inc({ path });
       metrics.createDuration.observe({ path }, seconds);
     },
-    onWarmMiss: () => metrics.warmMisses.inc(),
+    onWarmMiss: (reason) => metrics.warmMisses.inc({ reason }),
   });
   const store = objectStoreFrom(config);
   const sealKeys = snapshotKeys(config);

@@ -8,11 +8,11 @@
 // the pool's default shape claimed by a compare-and-swap on its resource version, so no warm pod
 // ever serves two boxes, whichever replicas race for it.
 import { createHash } from 'node:crypto';
-import * as k8s from '@kubernetes/client-node';
+import type * as k8s from '@kubernetes/client-node';
 import { BOXD_NONCE_ANNOTATION, boxdToken, newNonce } from '../../common/boxd.js';
 import { checkBoxAllow } from '../../common/box-egress.js';
 import { egressProxyCredential } from '../../common/egress-proxy.js';
-import { buildSessionBoxPod, sessionMetadata, warmShape, warmTemplateHash, type BoxShape, type SessionBox } from '../../common/box-pod.js';
+import { buildSessionBoxPod, warmShape, warmTemplateHash, type BoxShape, type SessionBox } from '../../common/box-pod.js';
 import { BridgeError } from '../../common/errors.js';
 import { ANNOTATIONS, LABELS, boxName, sessionHash } from '../../common/labels.js';
 import type { SandboxPoolSpec } from '../../common/pool.js';
@@ -27,21 +27,15 @@ import type { BoxSeats } from '../kube/box-seats.js';
 import type { KubeCall } from '../kube/instrument.js';
 import type { PolicySource } from '../kube/policy.js';
 import { BOX_ID, type CreateBoxRequest } from '../schemas.js';
+import { Expiring, WarmClaims, type MissReason } from './warm-claims.js';
 
 const MiB = 1024 * 1024;
 /** An Idempotency-Key names the same box for this long (DESIGN.md). */
 const IDEMPOTENCY_WINDOW_MS = 24 * 3600 * 1000;
 /** Deletes this replica sent recently, by pod UID (a sleeping box: its record's UID): answered 404 before the watch shows them. */
 const RECENT_DELETES = 10_000;
-/** Warm pods a create tries before it makes a new one (each race lost to another replica costs one API call). */
-const CLAIM_ATTEMPTS = 5;
-/** How long a warm pod version this replica tried stays out of its picks (its watch shows the claim well before). */
-const CLAIM_TRIED_MS = 30_000;
-const CLAIM_TRIED_MAX = 10_000;
 /** Creates retried while the quota controller counts out pods that are gone (150 ms doubling: ~9.5 s). */
 const QUOTA_RETRIES = 6;
-/** A claimed pod's agent must answer within this, or the claim is undone. */
-const CLAIM_CHECK_MS = 2000;
 /**
  * Boxes this replica just made are served from memory this long, until its watch shows them: the
  * agent's first call usually follows its create within milliseconds, before the watch event.
@@ -77,8 +71,8 @@ export interface BoxServiceDeps {
   namePrefix: string;
   /** A box was made: from a warm pod or a new one, and how long it took. */
   onCreated?: (path: CreatePath, seconds: number) => void;
-  /** A create of the warm shape found no warm pod to claim. */
-  onWarmMiss?: () => void;
+  /** A create of a warm shape was made cold, and why. */
+  onWarmMiss?: (reason: MissReason) => void;
   now?: () => Date;
 }
 
@@ -89,17 +83,11 @@ export class BoxService {
   private readonly gone = new Expiring(GONE_MS, GONE_MAX);
   /** box id -> the pod this replica just made or claimed for it, and whether its agent answered. */
   private readonly justMade = new Map<string, { pod: k8s.V1Pod; at: number; answering: boolean; seen?: boolean }>();
-  /**
-   * Warm pod versions (uid@resourceVersion) a create of this replica has tried to claim. A claim is
-   * a compare-and-swap on that version, so a version tried (in flight, won or lost) cannot be won
-   * again: concurrent creates through one replica never race each other for a pod, and only races
-   * with other replicas cost a retry (a burst of 20 tried 3 random pods each and fell back cold 11
-   * times in 120 with 20 ready). A pod changed since shows a new version and is eligible again.
-   */
-  private readonly claimTried = new Expiring(CLAIM_TRIED_MS, CLAIM_TRIED_MAX);
+  private readonly warm: WarmClaims;
 
   constructor(private readonly deps: BoxServiceDeps) {
     this.now = deps.now ?? (() => new Date());
+    this.warm = new WarmClaims({ core: deps.core, call: deps.call, cache: deps.cache, boxd: deps.boxd, namespace: deps.namespace, token: (pod) => this.token(pod) });
   }
 
   /** Creates a box; with an idempotency key, a repeated request answers with the box the first one made. */
@@ -185,8 +173,9 @@ export class BoxService {
         idempotencyKey: keyDigest,
       };
       try {
-        const claimed = warm ? await this.claim(cache.warm(policy.poolName, warm.template!), session, req.env) : undefined;
-        if (warm && !claimed) this.deps.onWarmMiss?.();
+        const claim = warm ? await this.warm.claim(policy.poolName, warm.template!, session, req.env) : undefined;
+        if (claim?.miss) this.deps.onWarmMiss?.(claim.miss);
+        const claimed = claim?.pod;
         const pod = claimed ?? (await this.createPod(spec, shape, session, nonce));
         this.deps.onCreated?.(claimed ? 'warm' : 'cold', (performance.now() - started) / 1000);
         this.rememberMade(boxId, pod, Boolean(claimed));
@@ -211,58 +200,6 @@ export class BoxService {
       if (seat !== undefined && stateOf(record) !== 'failed') held.add(seat);
     }
     return held;
-  }
-
-  /**
-   * Makes one of the ready warm pods this session's box: a merge patch that carries the pod's
-   * resource version, so it fails (409) if anything changed the pod since this replica saw it,
-   * another replica's claim included. The claimed pod's agent must answer (and takes the
-   * create-time env) before the box is handed out; a pod that died meanwhile is let go.
-   */
-  private async claim(candidates: k8s.V1Pod[], session: SessionBox, env: Record<string, string> | undefined): Promise<k8s.V1Pod | undefined> {
-    // Replicas pick at random, so their claims seldom collide; this replica's never do.
-    const version = (p: k8s.V1Pod) => `${p.metadata!.uid}@${p.metadata!.resourceVersion}`;
-    const order = shuffled(candidates.filter((p) => !this.claimTried.has(version(p)))).slice(0, CLAIM_ATTEMPTS);
-    for (const warmPod of order) {
-      if (this.claimTried.has(version(warmPod))) continue; // another create here took it meanwhile
-      this.claimTried.add(version(warmPod));
-      const meta = sessionMetadata(session);
-      const name = warmPod.metadata!.name!;
-      let pod: k8s.V1Pod;
-      try {
-        pod = await this.deps.call('claim warm pod', () =>
-          this.deps.core.patchNamespacedPod(
-            {
-              name,
-              namespace: this.deps.namespace,
-              body: {
-                metadata: {
-                  resourceVersion: warmPod.metadata!.resourceVersion,
-                  labels: { ...meta.labels, [LABELS.warm]: null },
-                  annotations: meta.annotations,
-                  ownerReferences: meta.ownerReferences,
-                },
-              },
-            },
-            k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
-          ),
-        );
-      } catch (err) {
-        if (err instanceof BridgeError && (err.type === 'conflict' || err.type === 'not_found')) continue; // taken or gone
-        throw err;
-      }
-      try {
-        const target = { box: session.boxId, ip: pod.status!.podIP!, token: this.token(pod) };
-        const signal = AbortSignal.timeout(CLAIM_CHECK_MS);
-        if (env && Object.keys(env).length) await this.deps.boxd.setEnv(target, env, signal);
-        else await this.deps.boxd.health(target, signal);
-        return pod;
-      } catch {
-        // Claimed a pod whose agent does not answer: it is no use to anyone.
-        await this.deleteQuietly(pod, 0);
-      }
-    }
-    return undefined;
   }
 
   /**
@@ -312,17 +249,18 @@ export class BoxService {
     env: Record<string, string>,
     nonce: string,
   ): Promise<{ pod: k8s.V1Pod; path: CreatePath }> {
-    const { cache, policy } = this.deps;
+    const { policy } = this.deps;
     const spec = policy.current();
     const warm = servedWarm(spec, shape);
     // Served from memory until the watch shows it (it still shows the pod the box slept from).
     if (warm) {
-      const claimed = await this.claim(cache.warm(policy.poolName, warmTemplateHash(spec, this.deps.boxdImage)), session, env);
+      const claim = await this.warm.claim(policy.poolName, warmTemplateHash(spec, this.deps.boxdImage), session, env);
+      const claimed = claim.pod;
       if (claimed) {
         this.rememberMade(session.boxId, claimed, true);
         return { pod: claimed, path: 'warm' };
       }
-      this.deps.onWarmMiss?.();
+      this.deps.onWarmMiss?.(claim.miss!);
     }
     const deadline = Date.now() + REVIVE_NAME_WAIT_MS;
     for (;;) {
@@ -616,42 +554,4 @@ function explainCreateError(err: unknown, namespace: string, spec: SandboxPoolSp
     return new BridgeError('cluster_unavailable', `sandbox namespace "${namespace}" does not exist: is the operator running and the SandboxPool created?`);
   }
   return err;
-}
-
-/** A bounded set whose members are forgotten after ttlMs. */
-/** A copy in uniformly random order (Fisher-Yates). */
-function shuffled<T>(items: readonly T[]): T[] {
-  const out = [...items];
-  for (let i = out.length - 1; i > 0; i--) {
-    const j = Math.floor(Math.random() * (i + 1));
-    [out[i], out[j]] = [out[j]!, out[i]!];
-  }
-  return out;
-}
-
-class Expiring {
-  private readonly at = new Map<string, number>();
-
-  constructor(
-    private readonly ttlMs: number,
-    private readonly max: number,
-  ) {}
-
-  add(key: string): void {
-    this.at.delete(key);
-    if (this.at.size >= this.max) this.at.delete(this.at.keys().next().value!);
-    this.at.set(key, performance.now() + this.ttlMs);
-  }
-
-  has(key: string): boolean {
-    const until = this.at.get(key);
-    if (until === undefined) return false;
-    if (until > performance.now()) return true;
-    this.at.delete(key);
-    return false;
-  }
-
-  delete(key: string): void {
-    this.at.delete(key);
-  }
 }
