@@ -7,9 +7,9 @@
 // the box's env and its snapshots, API and sleep (every byte in the store, the sealed env opened),
 // hold no credential; the egress routes leave a sleeping box asleep; the policy outlives the sleep.
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { EGRESS_CREDENTIALS_KEY } from '../../common/box-egress.js';
 import { EnvSealer } from '../../common/env-seal.js';
@@ -18,7 +18,7 @@ import { ON_REAL_NODE, ON_SIMULATED_NODES, api, spawnBridge } from '../support/b
 import { createTestNamespace, deleteTestNamespace, realNodeAvailable, testKubeConfig, waitFor } from '../support/cluster.js';
 import { Pools, installCrd } from '../support/operator.js';
 import { boxPods, record, startLifecycle, until, type LifecycleEnv } from '../support/lifecycle.js';
-import { localObjectStore } from '../support/object-store.js';
+import { localObjectStore, storeFilesOf } from '../support/object-store.js';
 
 const kc = testKubeConfig();
 const core = kc.makeApiClient(k8s.CoreV1Api);
@@ -192,20 +192,7 @@ describe('on the real node, with the object store and idle sleep', () => {
     await env?.stop();
   }, 60_000);
 
-  /** Every byte the store keeps under the test's prefix (versitygw's POSIX directory). */
-  const storeFiles = () => {
-    const dataDir = join(dirname(process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG!), 'object-store/data');
-    const files: string[] = [];
-    const walk = (d: string) => {
-      for (const name of readdirSync(d)) {
-        const path = join(d, name);
-        if (statSync(path).isDirectory()) walk(path);
-        else files.push(path);
-      }
-    };
-    walk(join(dataDir, env!.storeEnv.OBJECT_STORE_BUCKET!, env!.storeEnv.OBJECT_STORE_PREFIX!));
-    return files;
-  };
+  const storeFiles = () => storeFilesOf(env!.storeEnv);
   const sealedEnv = (snapshotId: string) => {
     const metadata = storeFiles().find((f) => f.includes(snapshotId) && f.endsWith('snapshot.json'))!;
     return new EnvSealer([env!.storeEnv.SNAPSHOT_ENCRYPTION_KEY!]).open(JSON.parse(readFileSync(metadata, 'utf8')).env, snapshotId);

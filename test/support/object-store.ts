@@ -2,7 +2,7 @@
 // bridge and operator settings. Each caller gets a key prefix of its own, so test files running
 // side by side never see each other's snapshots.
 import { randomBytes } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 
 export type StoreSettings = { available: true; env: Record<string, string> } | { available: false; reason: string };
@@ -29,4 +29,19 @@ export async function localObjectStore(): Promise<StoreSettings> {
     available: true,
     env: { ...env, OBJECT_STORE_PREFIX: `test-${randomBytes(4).toString('hex')}`, SNAPSHOT_ENCRYPTION_KEY: randomBytes(32).toString('hex') },
   };
+}
+
+/** Every file the local store keeps under a caller's prefix (versitygw's POSIX directory): to look for bytes that must not be there. */
+export function storeFilesOf(storeEnv: Record<string, string>): string[] {
+  const dataDir = join(dirname(process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG!), 'object-store/data');
+  const files: string[] = [];
+  const walk = (d: string) => {
+    for (const name of readdirSync(d)) {
+      const path = join(d, name);
+      if (statSync(path).isDirectory()) walk(path);
+      else files.push(path);
+    }
+  };
+  walk(join(dataDir, storeEnv.OBJECT_STORE_BUCKET!, storeEnv.OBJECT_STORE_PREFIX!));
+  return files;
 }

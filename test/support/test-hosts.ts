@@ -59,6 +59,11 @@ export interface TestHostOptions {
   dns?: string;
   /** false: leave it out of the harness (pods' packets to it are dropped until allow()). */
   register?: boolean;
+  /**
+   * Instead of net-responder.mjs: another script of test/support/ run by node in the namespace
+   * with these arguments (it must print `ready` once listening), e.g. egress-resolver.mjs.
+   */
+  script?: { file: string; args: string[] };
 }
 
 export class TestHosts {
@@ -97,14 +102,9 @@ export class TestHosts {
     run(['ip', 'route', 'add', `${address}/32`, 'dev', veth]);
     if (options.register !== false) this.allow(['-d', address]);
 
-    const args = [join(process.cwd(), 'test/support/net-responder.mjs'), '--address', address];
-    if (options.tcpPorts?.length) args.push('--tcp', options.tcpPorts.join(','));
-    if (options.httpPorts?.length) args.push('--http', options.httpPorts.join(','));
-    if (options.httpsPorts?.length) {
-      if (!options.tls) throw new Error('httpsPorts need tls {cert, key}');
-      args.push('--https', options.httpsPorts.join(','), '--cert', options.tls.cert, '--key', options.tls.key);
-    }
-    if (options.dns) args.push('--dns', options.dns);
+    const args = options.script
+      ? [join(process.cwd(), 'test/support', options.script.file), '--address', address, ...options.script.args]
+      : [join(process.cwd(), 'test/support/net-responder.mjs'), '--address', address, ...responderArgs(options)];
     const server = spawn('ip', ['netns', 'exec', ns, join(process.cwd(), 'node_modules/.bin/node'), ...args], { stdio: ['pipe', 'pipe', 'pipe'] });
     this.hosts[n]!.server = server;
     let output = '';
@@ -147,6 +147,19 @@ export class TestHosts {
     this.hosts.length = 0;
     this.rules.length = 0;
   }
+}
+
+/** net-responder.mjs's arguments for the servers `options` asks for. */
+function responderArgs(options: TestHostOptions): string[] {
+  const args: string[] = [];
+  if (options.tcpPorts?.length) args.push('--tcp', options.tcpPorts.join(','));
+  if (options.httpPorts?.length) args.push('--http', options.httpPorts.join(','));
+  if (options.httpsPorts?.length) {
+    if (!options.tls) throw new Error('httpsPorts need tls {cert, key}');
+    args.push('--https', options.httpsPorts.join(','), '--cert', options.tls.cert, '--key', options.tls.key);
+  }
+  if (options.dns) args.push('--dns', options.dns);
+  return args;
 }
 
 /**
