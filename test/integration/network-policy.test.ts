@@ -104,6 +104,8 @@ if (!testbed.available) process.stderr.write(`\n[network-policy] SKIPPING test/i
         secret: { token: TOKEN },
         rbac: { targetNamespace: ns.pool, createNamespace: false },
         networkPolicy: { metricsIngressFrom: [{ namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': ns.control } } }] },
+        // The gateway's own policy is exercised with the gateway itself (egress-gateway.test.ts).
+        egressGateway: { enabled: false },
       },
       (file) => helm(['template', 'np', CHART, '--namespace', ns.release, '--kube-version', KUBE_VERSION, '-f', file]),
     );
