@@ -137,7 +137,7 @@ export function warmBenchPoolSpec(o: { namespace: string; warm: number; memoryMi
 }
 
 /** The operator as its own process for the pools labelled `sandbox-bridge.io/bench=<id>`, with its own lease. */
-export async function startBenchOperator(root: string, kubeconfig: string, o: { pool: string; id: string; boxdKey: string }): Promise<ChildProcess> {
+export async function startBenchOperator(root: string, kubeconfig: string, o: { pool: string; id: string; boxdKey: string; env?: Record<string, string> }): Promise<ChildProcess> {
   return startProgram(root, kubeconfig, 'dist/operator/main.js', {
     METRICS_PORT: String(await freePort()),
     METRICS_HOST: '127.0.0.1',
@@ -147,6 +147,7 @@ export async function startBenchOperator(root: string, kubeconfig: string, o: { 
     POOL_SELECTOR: `sandbox-bridge.io/bench=${o.id}`,
     BOXD_IMAGE,
     BOXD_KEY: o.boxdKey,
+    ...o.env,
   });
 }
 
@@ -154,7 +155,7 @@ export async function startBenchOperator(root: string, kubeconfig: string, o: { 
 export async function startBenchBridge(
   root: string,
   kubeconfig: string,
-  o: { token: string; boxdKey: string; pool: string; namespace: string },
+  o: { token: string; boxdKey: string; pool: string; namespace: string; env?: Record<string, string> },
 ): Promise<{ child: ChildProcess; client: BridgeClient }> {
   const port = await freePort();
   const child = startProgram(root, kubeconfig, 'dist/bridge/main.js', {
@@ -168,6 +169,7 @@ export async function startBenchBridge(
     HOST: '127.0.0.1',
     RATE_LIMIT_RPS: '100000',
     RATE_LIMIT_BURST: '100000',
+    ...o.env,
   });
   const url = `http://127.0.0.1:${port}`;
   await waitUntil('a bridge to start', async () => (await fetch(`${url}/api/v1/health`, { headers: { authorization: `Bearer ${o.token}` } })).ok, 60_000);
