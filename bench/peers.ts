@@ -1,0 +1,490 @@
+// Bench: our warm boxes against kubernetes-sigs/agent-sandbox's, side by side on one cluster.
+//
+//   flock /tmp/sandbox-bridge-bench.lock npm run bench:peers
+//   (BENCH_PEERS_WARM=20 BENCH_PEERS_SERIAL=20 BENCH_PEERS_BURSTS=3 BENCH_PEERS_REST_S=10)
+//
+// Both on the local cluster's real node, same image (sandbox-bridge.local/box:dev), same box
+// (50m CPU / 48Mi, requests = limits), same warm-pool size, at the same time:
+// - ours: the operator keeping the pool's warm boxes and two bridge replicas (own processes, as
+//   bench:warm runs them); a claim is POST /boxes, the first command an exec through the bridge
+//   (boxd in the box).
+// - theirs: agent-sandbox's controller (built from its Go module by bench/peers/agent-sandbox.sh,
+//   run on this host, CRDs from the module), a SandboxTemplate of the same pod and a
+//   SandboxWarmPool; a claim is a SandboxClaim on the pool, ready when the Sandbox it gets reports
+//   Ready (seen by a watch), the first command a kube exec (pods/exec): their core has no generic
+//   in-box agent for an image like busybox.
+// Measured alternating (ours, theirs, ours, ...), each claim cycle = claim, first command, delete,
+// and the pool refilled (both pools at rest before the next):
+// 1. serial: BENCH_PEERS_SERIAL cycles each: claim -> ready, claim -> first command answered;
+// 2. bursts of BENCH_PEERS_WARM cycles at once, BENCH_PEERS_BURSTS each; claims per second;
+// 3. served warm or cold, errors;
+// 4. API requests per claim cycle, from the API server's apiserver_request_total (all clients),
+//    less what the cluster does at rest (quiet windows of BENCH_PEERS_REST_S through the run, both
+//    pools idle; the machine and cluster are shared); writes apart.
+// Results go to bench/results/peers.md and .json.
+import type { ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { cpus, loadavg, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import * as k8s from '@kubernetes/client-node';
+import type { BridgeClient } from '../client/index.js';
+import { LABELS } from '../common/labels.js';
+import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
+import { ApiWindows, isWrite, toObject, total, type Counts } from './peers/api-metrics.js';
+import { AgentSandboxObjects, LAUNCH_TYPE_LABEL, buildAgentSandbox, installCrds, isReady, kubeExec, startController, templateSpec, uninstallCrds } from './peers/agent-sandbox.js';
+import { writeResults } from './results-file.js';
+import { REAL_NODE_LABEL, ensureCluster, kubectl, startBenchBridge, startBenchOperator, stats, waitUntil, warmBenchPoolSpec } from './setup.js';
+
+const ROOT = process.cwd();
+const KUBECONFIG = process.env.KUBECONFIG ?? join(ROOT, '.cluster/kubeconfig');
+const WARM = Number(process.env.BENCH_PEERS_WARM ?? 20);
+const SERIAL = Number(process.env.BENCH_PEERS_SERIAL ?? 20);
+const BURSTS = Number(process.env.BENCH_PEERS_BURSTS ?? 3);
+/** Each quiet window (the cluster's own rate): at the start, every 5 serial rounds, before each pair of bursts. */
+const REST_S = Number(process.env.BENCH_PEERS_REST_S ?? 10);
+/** After both pools are at rest again, what a cycle's last writes (status updates) get before the window closes. */
+const SETTLE_MS = 2_000;
+const CLAIM_TIMEOUT_MS = 120_000;
+const REST_TIMEOUT_MS = 300_000;
+const IMAGE = 'sandbox-bridge.local/box:dev';
+const CPU = '50m';
+const MEMORY_MI = 48;
+
+const id = randomBytes(3).toString('hex');
+const pool = `bench-peers-${id}`;
+const oursNs = `${pool}-boxes`;
+const theirsNs = `${pool}-theirs`;
+const token = randomBytes(24).toString('hex');
+const boxdKey = randomBytes(32).toString('hex');
+
+ensureCluster(ROOT, KUBECONFIG, []);
+const kc = new k8s.KubeConfig();
+kc.loadFromFile(KUBECONFIG);
+const core = kc.makeApiClient(k8s.CoreV1Api);
+const custom = kc.makeApiClient(k8s.CustomObjectsApi);
+const log = (msg: string) => process.stderr.write(`[bench:peers] ${msg}\n`);
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+const load = () => loadavg().map((v) => v.toFixed(2)).join(' ');
+
+/** One claim cycle: times from the claim's start (ms), whether a warm box served it. */
+interface Cycle {
+  ready: number;
+  first: number;
+  warm: boolean;
+  /** performance.now() at the claim's start and when it was ready. */
+  t0: number;
+  readyAt: number;
+  /** theirs: the claim's own Ready condition, when seen before the first command was answered. */
+  claimReady?: number;
+}
+
+interface Side {
+  name: 'ours' | 'theirs';
+  /** Claim, wait for ready, first command, delete (awaited, not timed). */
+  cycle(label: string, replica: number): Promise<Cycle>;
+  /** The pool holds exactly WARM ready warm boxes, nothing claimed, nothing terminating. */
+  atRest(): boolean;
+}
+
+type PodCache = k8s.ObjectCache<k8s.V1Pod>;
+const podReady = (p: k8s.V1Pod) => !p.metadata?.deletionTimestamp && (p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') ?? false);
+
+let stopping = false;
+
+/** A watch cache, started, that restarts itself after an error until the bench cleans up. */
+async function started<T extends k8s.KubernetesObject>(informer: k8s.Informer<T> & k8s.ObjectCache<T>, what: string): Promise<k8s.Informer<T> & k8s.ObjectCache<T>> {
+  informer.on('error', (err: unknown) => {
+    if (stopping) return;
+    log(`watch of ${what} failed (${String(err).slice(0, 120)}); restarting`);
+    setTimeout(() => void (stopping ? undefined : informer.start().catch(() => undefined)), 1_000);
+  });
+  await informer.start();
+  return informer;
+}
+
+/** Resolves when check() holds, re-checked on every event of the given informers; rejects after timeoutMs. */
+function whenTrue<T>(informers: Array<Pick<k8s.Informer<k8s.KubernetesObject>, 'on' | 'off'>>, check: () => T | undefined, what: string, timeoutMs: number): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const done = (fn: () => void) => {
+      clearTimeout(timer);
+      for (const inf of informers) inf.off('change', poke);
+      fn();
+    };
+    const poke = () => {
+      const v = check();
+      if (v !== undefined) done(() => resolve(v));
+    };
+    const timer = setTimeout(() => done(() => reject(new Error(`timed out waiting for ${what}`))), timeoutMs);
+    for (const inf of informers) inf.on('change', poke);
+    poke();
+  });
+}
+
+async function oursSide(bridges: BridgeClient[]): Promise<Side & { stop: () => void }> {
+  const pods = await started(
+    k8s.makeInformer<k8s.V1Pod>(kc, `/api/v1/namespaces/${oursNs}/pods`, () => core.listNamespacedPod({ namespace: oursNs })),
+    'our pods',
+  );
+  const firstReady = new Map<string, number>();
+  const seen = (p: k8s.V1Pod) => {
+    if (podReady(p) && !firstReady.has(p.metadata!.name!)) firstReady.set(p.metadata!.name!, performance.now());
+  };
+  pods.on('add', seen);
+  pods.on('update', seen);
+  const cache: PodCache = pods;
+  return {
+    name: 'ours',
+    stop: () => void pods.stop(),
+    atRest: () => {
+      const all = cache.list(oursNs);
+      return all.length === WARM && all.every((p) => p.metadata?.labels?.[LABELS.warm] === pool && podReady(p));
+    },
+    async cycle(label, replica) {
+      const client = bridges[replica % bridges.length]!;
+      const t0 = performance.now();
+      const box = await client.createBox({ sessionId: `${label}-${randomBytes(2).toString('hex')}`, memory: MEMORY_MI });
+      const answered = performance.now();
+      const warm = box.pod_name !== box.box_id;
+      try {
+        // A warm box is ready when POST /boxes answers (its agent answered the claim); a new pod
+        // when it is also Ready (the first command goes ahead at once: the bridge waits for it).
+        const ready = warm ? Promise.resolve(answered) : whenTrue([pods], () => firstReady.get(box.pod_name), `pod ${box.pod_name} Ready`, CLAIM_TIMEOUT_MS);
+        ready.catch(() => undefined); // awaited below, after the exec
+        const r = await client.exec(box.box_id, { command: 'true' });
+        const first = performance.now() - t0;
+        if (r.exit_code !== 0) throw new Error(`first exec exited ${r.exit_code}`);
+        const readyAt = Math.max(answered, await ready);
+        return { ready: readyAt - t0, first, warm, t0, readyAt };
+      } finally {
+        await bridges[(replica + 1) % bridges.length]!.deleteBox(box.box_id);
+      }
+    },
+  };
+}
+
+async function theirsSide(objs: AgentSandboxObjects, warmPool: string): Promise<Side & { stop: () => void }> {
+  const sandboxes = await started(objs.sandboxInformer(kc), 'their sandboxes');
+  const claims = await started(objs.claimInformer(kc), 'their claims');
+  const pods = await started(
+    k8s.makeInformer<k8s.V1Pod>(kc, `/api/v1/namespaces/${theirsNs}/pods`, () => core.listNamespacedPod({ namespace: theirsNs })),
+    'their pods',
+  );
+  // claim uid -> when its Sandbox (owner reference) was first seen Ready, and which one
+  const sandboxReady = new Map<string, { at: number; name: string; pod: string; launch?: string }>();
+  const claimReady = new Map<string, number>();
+  const onSandbox = (s: k8s.KubernetesObject) => {
+    const owner = s.metadata?.ownerReferences?.find((o) => o.kind === 'SandboxClaim');
+    if (!owner || s.metadata?.deletionTimestamp || !isReady(s) || sandboxReady.has(owner.uid)) return;
+    const pod = s.metadata?.annotations?.['agents.x-k8s.io/pod-name'] ?? s.metadata!.name!;
+    sandboxReady.set(owner.uid, { at: performance.now(), name: s.metadata!.name!, pod, launch: s.metadata?.labels?.[LAUNCH_TYPE_LABEL] });
+  };
+  const onClaim = (c: k8s.KubernetesObject) => {
+    if (isReady(c) && !claimReady.has(c.metadata!.uid!)) claimReady.set(c.metadata!.uid!, performance.now());
+  };
+  sandboxes.on('add', onSandbox);
+  sandboxes.on('update', onSandbox);
+  claims.on('add', onClaim);
+  claims.on('update', onClaim);
+  return {
+    name: 'theirs',
+    stop: () => {
+      void sandboxes.stop();
+      void claims.stop();
+      void pods.stop();
+    },
+    atRest: () => {
+      const sbx = sandboxes.list(theirsNs);
+      const all = (pods as PodCache).list(theirsNs);
+      return claims.list(theirsNs).length === 0 && sbx.length === WARM && sbx.every((s) => isReady(s) && !s.metadata?.deletionTimestamp) && all.length === WARM && all.every(podReady);
+    },
+    async cycle(label) {
+      const name = `${label}-${randomBytes(2).toString('hex')}`;
+      const t0 = performance.now();
+      const uid = await objs.claim(name, warmPool);
+      try {
+        const got = await whenTrue([sandboxes], () => sandboxReady.get(uid), `claim ${name}'s Sandbox Ready`, CLAIM_TIMEOUT_MS);
+        const status = await kubeExec(kc, theirsNs, got.pod, 'true');
+        const first = performance.now() - t0;
+        if (status.status !== 'Success') throw new Error(`first kube exec: ${status.status} ${status.message ?? ''}`);
+        // The adoption patch that labels the Sandbox warm comes before the Ready it reports.
+        const launch = got.launch ?? sandboxes.get(got.name, theirsNs)?.metadata?.labels?.[LAUNCH_TYPE_LABEL];
+        const claimAt = claimReady.get(uid);
+        return { ready: got.at - t0, first, warm: launch === 'warm', t0, readyAt: got.at, ...(claimAt !== undefined ? { claimReady: claimAt - t0 } : {}) };
+      } finally {
+        await objs.deleteClaim(name);
+      }
+    },
+  };
+}
+
+interface Tally {
+  ready: number[];
+  first: number[];
+  claimReady: number[];
+  warm: number;
+  cold: number;
+  errors: string[];
+  claimsPerSecond: number[];
+}
+const tally = (): Tally => ({ ready: [], first: [], claimReady: [], warm: 0, cold: 0, errors: [], claimsPerSecond: [] });
+const record = (t: Tally, c: Cycle) => {
+  t.ready.push(c.ready);
+  t.first.push(c.first);
+  if (c.claimReady !== undefined) t.claimReady.push(c.claimReady);
+  if (c.warm) t.warm++;
+  else t.cold++;
+};
+
+async function main() {
+  const results: Record<string, unknown> = {
+    date: new Date().toISOString(),
+    node: process.version,
+    cores: cpus().length,
+    loadAverage: { start: load() },
+    warm: WARM,
+    box: { image: IMAGE, cpu: CPU, memory: `${MEMORY_MI}Mi` },
+  };
+  if ((await core.listNode({ labelSelector: `${REAL_NODE_LABEL}=true` })).items.length === 0) {
+    log('no real node: skipped');
+    return;
+  }
+  const peer = buildAgentSandbox(ROOT);
+  results.agentSandbox = {
+    module: 'sigs.k8s.io/agent-sandbox',
+    version: peer.version,
+    build: 'bench/peers/agent-sandbox.sh: go get + go build of cmd/agent-sandbox-controller from the Go module proxy (CGO off, -trimpath), cached in ~/.cache/sandbox-bridge/agent-sandbox-<version>/',
+    crds: "the module's k8s/crds, conversion strategy None (the controller runs with --enable-webhook=false)",
+    flags: '--extensions --leader-elect=false --enable-webhook=false, metrics and probes on loopback; the rest its defaults',
+  };
+  log(`agent-sandbox ${peer.version} from ${peer.dir}`);
+  kubectl(ROOT, KUBECONFIG, 'apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(ROOT, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
+  kubectl(ROOT, KUBECONFIG, 'wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
+  const crds = installCrds(ROOT, KUBECONFIG, peer.dir);
+
+  const controllerLog = join(tmpdir(), `${pool}-agent-sandbox.log`);
+  const children: ChildProcess[] = [];
+  const stops: Array<() => void> = [];
+  const objs = new AgentSandboxObjects(kc, theirsNs);
+  const api = new ApiWindows(ROOT, KUBECONFIG);
+  const ours = tally();
+  const theirs = tally();
+  const oursBurst = tally();
+  const theirsBurst = tally();
+  try {
+    children.push(await startBenchOperator(ROOT, KUBECONFIG, { pool, id, boxdKey }));
+    await custom.createClusterCustomObject({
+      group: POOL_GROUP,
+      version: POOL_VERSION,
+      plural: POOL_PLURAL,
+      body: {
+        apiVersion: POOL_API_VERSION,
+        kind: POOL_KIND,
+        metadata: { name: pool, labels: { 'sandbox-bridge.io/bench': id } },
+        spec: warmBenchPoolSpec({ namespace: oursNs, warm: WARM, memoryMi: MEMORY_MI }),
+      },
+    });
+    const bridgeProcs = [];
+    for (let i = 0; i < 2; i++) bridgeProcs.push(await startBenchBridge(ROOT, KUBECONFIG, { token, boxdKey, pool, namespace: oursNs }));
+    children.push(...bridgeProcs.map((b) => b.child));
+
+    await core.createNamespace({ body: { metadata: { name: theirsNs, labels: { 'pod-security.kubernetes.io/enforce': 'restricted' } } } });
+    children.push(await startController(peer.dir, KUBECONFIG, controllerLog));
+    log(`agent-sandbox controller log: ${controllerLog}`);
+    await objs.template(pool, templateSpec({ image: IMAGE, cpu: CPU, memory: `${MEMORY_MI}Mi` }));
+    await objs.warmPool(pool, pool, WARM);
+
+    await waitUntil(`namespace ${oursNs}`, async () => Boolean(await core.readNamespace({ name: oursNs })), 60_000);
+    const sideOurs = await oursSide(bridgeProcs.map((b) => b.client));
+    const sideTheirs = await theirsSide(objs, pool);
+    stops.push(sideOurs.stop, sideTheirs.stop);
+    const bothAtRest = () => waitUntil('both pools at rest (warm boxes ready, nothing claimed or terminating)', async () => sideOurs.atRest() && sideTheirs.atRest(), REST_TIMEOUT_MS, 100);
+
+    log(`waiting for ${WARM} warm boxes each`);
+    await waitUntil(`${WARM} warm boxes each`, async () => sideOurs.atRest() && sideTheirs.atRest(), 600_000, 500);
+    // One unmeasured cycle each: first connections, code paths warmed.
+    for (const side of [sideOurs, sideTheirs]) {
+      await side.cycle('warmup', 0);
+      await bothAtRest();
+    }
+    log(`quiet windows of ${REST_S} s through the run: the cluster's own rate of requests`);
+    await api.rest(REST_S * 1000);
+    results.loadAverage = { ...(results.loadAverage as object), ready: load() };
+
+    // 1. serial, alternating
+    for (let i = 0; i < SERIAL; i++) {
+      if (i > 0 && i % 5 === 0) {
+        await bothAtRest();
+        await api.rest(REST_S * 1000);
+      }
+      for (const [side, t] of [
+        [sideOurs, ours],
+        [sideTheirs, theirs],
+      ] as const) {
+        await bothAtRest();
+        await api.measure(`${side.name} serial`, async () => {
+          try {
+            record(t, await side.cycle(`serial-${i}`, i));
+          } catch (err) {
+            t.errors.push(String(err).slice(0, 300));
+          }
+          await bothAtRest();
+          await sleep(SETTLE_MS);
+        });
+      }
+      if (i % 5 === 4) log(`serial ${i + 1}/${SERIAL}: ours first-command p50 ${stats(ours.first).p50.toFixed(0)} ms, theirs ${stats(theirs.first).p50.toFixed(0)} ms`);
+    }
+    results.loadAverage = { ...(results.loadAverage as object), serial: load() };
+
+    // 2. bursts, alternating
+    for (let b = 0; b < BURSTS; b++) {
+      await bothAtRest();
+      await api.rest(REST_S * 1000);
+      for (const [side, t] of [
+        [sideOurs, oursBurst],
+        [sideTheirs, theirsBurst],
+      ] as const) {
+        await bothAtRest();
+        await api.measure(`${side.name} burst`, async () => {
+          const start = performance.now();
+          const outcomes = await Promise.allSettled(Array.from({ length: WARM }, (_, i) => side.cycle(`burst${b}-${i}`, i)));
+          const ok = outcomes.flatMap((o) => (o.status === 'fulfilled' ? [o.value] : []));
+          for (const c of ok) record(t, c);
+          t.errors.push(...outcomes.filter((o) => o.status === 'rejected').map((o) => String((o as PromiseRejectedResult).reason).slice(0, 300)));
+          if (ok.length) t.claimsPerSecond.push((ok.length / (Math.max(...ok.map((c) => c.readyAt)) - start)) * 1000);
+          log(`${side.name} burst ${b + 1}/${BURSTS}: ready p50 ${stats(ok.map((c) => c.ready)).p50.toFixed(0)} ms, ${ok.filter((c) => !c.warm).length} cold, ${WARM - ok.length} errors`);
+          await bothAtRest();
+          await sleep(SETTLE_MS);
+        });
+      }
+    }
+    results.loadAverage = { ...(results.loadAverage as object), bursts: load() };
+  } finally {
+    log('cleaning up');
+    stopping = true;
+    for (const stop of stops) stop();
+    await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: pool }).catch(() => undefined);
+    await core.deleteNamespace({ name: oursNs }).catch(() => undefined);
+    await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: `${pool}-lease`, namespace: 'default' }).catch(() => undefined);
+    await objs.deleteAll();
+    await core.deleteNamespace({ name: theirsNs }).catch(() => undefined);
+    // Their Sandboxes go with the namespace while their controller still runs; then the CRDs.
+    await waitUntil(`namespace ${theirsNs} gone`, async () => !(await core.readNamespace({ name: theirsNs }).then(() => true, () => false)), 180_000, 1_000).catch((err: unknown) => log(String(err)));
+    for (const child of children) child.kill('SIGTERM');
+    try {
+      uninstallCrds(ROOT, KUBECONFIG, crds);
+    } catch (err) {
+      log(`could not remove agent-sandbox's CRDs: ${String(err).slice(0, 300)}`);
+    }
+  }
+  results.loadAverage = { ...(results.loadAverage as object), end: load() };
+  report(results, { ours, theirs, oursBurst, theirsBurst }, api);
+}
+
+function report(results: Record<string, unknown>, t: { ours: Tally; theirs: Tally; oursBurst: Tally; theirsBurst: Tally }, api: ApiWindows) {
+  const cycles = { serial: SERIAL, burst: BURSTS * WARM };
+  const perCycle = (name: string, kind: 'serial' | 'burst', which: 'raw' | 'net') => {
+    const c: Counts = which === 'net' ? api.net(`${name} ${kind}`) : (api.raw.get(`${name} ${kind}`) ?? new Map());
+    return new Map([...c].map(([k, v]) => [k, v / cycles[kind]]));
+  };
+  const apiOf = (name: string, kind: 'serial' | 'burst') => {
+    const net = perCycle(name, kind, 'net');
+    const raw = perCycle(name, kind, 'raw');
+    return {
+      all: total(net),
+      writes: total(net, isWrite),
+      rawAll: total(raw),
+      rawWrites: total(raw, isWrite),
+      writesByVerbResource: toObject(new Map([...net].filter(([k]) => isWrite(k)))),
+      readsAndExecByVerbResource: toObject(new Map([...net].filter(([k]) => !isWrite(k)))),
+      windowSeconds: api.seconds.get(`${name} ${kind}`) ?? 0,
+    };
+  };
+  const rest = api.restRate();
+  const summary = (x: Tally) => ({ ready: stats(x.ready), first: stats(x.first), claimReady: x.claimReady.length ? stats(x.claimReady) : undefined, warm: x.warm, cold: x.cold, errors: x.errors, claimsPerSecond: x.claimsPerSecond });
+  results.ours = { serial: summary(t.ours), bursts: summary(t.oursBurst), api: { serial: apiOf('ours', 'serial'), burst: apiOf('ours', 'burst') } };
+  results.theirs = { serial: summary(t.theirs), bursts: summary(t.theirsBurst), api: { serial: apiOf('theirs', 'serial'), burst: apiOf('theirs', 'burst') } };
+  results.apiAtRest = { writesPerSecond: rest.writes, requestsPerSecond: rest.all, seconds: rest.seconds, writesPerSecondEachWindow: api.restWrites, byVerbResource: toObject(rest.counts) };
+
+  const ms = (v: number) => (Number.isFinite(v) ? `${v.toFixed(0)} ms` : '-');
+  const pp = (x: number[]) => `${ms(stats(x).p50)} / ${ms(stats(x).p99)}`;
+  const ratio = (a: number, b: number) => (Number.isFinite(a / b) ? `${(a / b).toFixed(2)}x` : '-');
+  const median = (v: number[]) => stats(v).p50;
+  const rows: Array<[string, string, string, string]> = [];
+  const both = (label: string, a: Tally, b: Tally) => {
+    rows.push([`${label} (n=${a.ready.length} / ${b.ready.length}): claim -> ready, p50 / p99`, pp(a.ready), pp(b.ready), ratio(median(a.ready), median(b.ready))]);
+    rows.push([`${label}: claim -> first command answered, p50 / p99`, pp(a.first), pp(b.first), ratio(median(a.first), median(b.first))]);
+    rows.push([`${label}: served warm / cold; errors`, `${a.warm} / ${a.cold}; ${a.errors.length}`, `${b.warm} / ${b.cold}; ${b.errors.length}`, '']);
+  };
+  both('serial', t.ours, t.theirs);
+  both(`bursts of ${WARM}`, t.oursBurst, t.theirsBurst);
+  rows.push([
+    `bursts of ${WARM}: claims per second (claims over the time to the last one ready), each burst`,
+    t.oursBurst.claimsPerSecond.map((r) => r.toFixed(1)).join(', '),
+    t.theirsBurst.claimsPerSecond.map((r) => r.toFixed(1)).join(', '),
+    ratio(median(t.oursBurst.claimsPerSecond), median(t.theirsBurst.claimsPerSecond)),
+  ]);
+  if (t.theirs.claimReady.length) rows.push(['theirs: claim -> the SandboxClaim itself Ready, serial / bursts p50', '', `${ms(median(t.theirs.claimReady))} / ${ms(median(t.theirsBurst.claimReady))}`, '']);
+  for (const kind of ['serial', 'burst'] as const) {
+    const a = apiOf('ours', kind);
+    const b = apiOf('theirs', kind);
+    rows.push([`API requests per claim cycle, ${kind === 'serial' ? 'serial' : 'bursts'}: all / writes (net of the cluster at rest)`, `${a.all.toFixed(1)} / ${a.writes.toFixed(1)}`, `${b.all.toFixed(1)} / ${b.writes.toFixed(1)}`, ratio(a.writes, b.writes)]);
+    rows.push([`… as counted (at rest not taken out): all / writes`, `${a.rawAll.toFixed(1)} / ${a.rawWrites.toFixed(1)}`, `${b.rawAll.toFixed(1)} / ${b.rawWrites.toFixed(1)}`, '']);
+  }
+  const top = (o: Record<string, number>) =>
+    Object.entries(o)
+      .slice(0, 6)
+      .map(([k, v]) => `${k} ${v.toFixed(1)}`)
+      .join(', ');
+  rows.push(['writes per serial cycle, largest', top(apiOf('ours', 'serial').writesByVerbResource), top(apiOf('theirs', 'serial').writesByVerbResource), '']);
+  rows.push(['writes per burst cycle, largest', top(apiOf('ours', 'burst').writesByVerbResource), top(apiOf('theirs', 'burst').writesByVerbResource), '']);
+
+  const la = results.loadAverage as Record<string, string>;
+  const peer = results.agentSandbox as { version: string };
+  const table = ['| measure | ours | agent-sandbox | ours / theirs |', '|---|---|---|---|', ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
+  const md = [
+    '# Peers: our warm boxes against kubernetes-sigs/agent-sandbox',
+    '',
+    `${results.date} — ${results.cores} cores, Node ${results.node}; \`npm run bench:peers\`. Load average (1/5/15 min): ` +
+      `${la.start} at the start, ${la.ready} with both pools warm, ${la.serial} after the serial part, ${la.bursts} after the bursts.`,
+    '',
+    `Same cluster, the real node (runc), image \`${IMAGE}\`, boxes of ${CPU} / ${MEMORY_MI}Mi (requests = limits), ${WARM} warm boxes each, ` +
+      `both running at once and measured alternating (ours, theirs, ...); a claim cycle is claim, first command, delete, pool refilled ` +
+      `(both pools at rest before the next). agent-sandbox ${peer.version} (\`sigs.k8s.io/agent-sandbox\`), its controller built from its Go module by ` +
+      '`bench/peers/agent-sandbox.sh` and run on this host (`--extensions --leader-elect=false --enable-webhook=false`, otherwise its defaults), ' +
+      "its CRDs from the module with conversion strategy None. Ours: the operator and two bridge replicas, each its own process.",
+    '',
+    `- **ours**: claim = \`POST /boxes\`; ready = its answer (a warm box's agent answered the claim; a new pod also Ready); first command = \`exec true\` through the bridge to boxd in the box.`,
+    "- **agent-sandbox**: claim = a SandboxClaim on the SandboxWarmPool; ready = the Sandbox it gets reports Ready (seen by a watch); first command = `sh -c true` by kube exec (`pods/exec` through the API server and the kubelet): agent-sandbox's core has no generic in-box agent for an image like busybox (its sandbox runtime is a separate image), so a user of a plain image runs commands this way.",
+    `- API requests: the API server's \`apiserver_request_total\` (every client: bridges, operator, controller, scheduler, kubelet, garbage collector, the bench's claims, deletes and execs), scraped around each cycle (serial) or burst, per claim cycle, less the cluster's own rate at rest: ${rest.writes.toFixed(2)} writes/s and ${rest.all.toFixed(2)} requests/s over ${api.restWrites.length} quiet windows of ${REST_S} s with both pools idle (writes/s in each: ${api.restWrites.map((w) => w.toFixed(1)).join(', ')}); the cluster is shared, so the net figures are as steady as that rate. Writes are POST, PUT, PATCH, APPLY, DELETE; an exec is a CONNECT (not a write).`,
+    '',
+    table,
+    '',
+    whatItMeans(t, apiOf),
+  ].join('\n');
+  writeResults(ROOT, 'peers', md, results);
+  process.stdout.write(`${md}\n`);
+}
+
+function whatItMeans(t: { ours: Tally; theirs: Tally; oursBurst: Tally; theirsBurst: Tally }, apiOf: (name: string, kind: 'serial' | 'burst') => { writes: number }): string {
+  const p = (x: number[], q: number) => stats(x)[q === 50 ? 'p50' : 'p99'];
+  const ms = (v: number) => `${v.toFixed(0)} ms`;
+  const cmp = (a: number, b: number) => (a <= b ? `ours ${ms(a)} vs ${ms(b)}: ahead by ${ms(b - a)}` : `ours ${ms(a)} vs ${ms(b)}: behind by ${ms(a - b)}`);
+  const lines = [
+    '## What it means',
+    '',
+    `- Serial, a box that answers its first command: ${cmp(p(t.ours.first, 50), p(t.theirs.first, 50))} (p50). Ours answers through boxd already running in the box; theirs needs a kube exec, which is most of its figure. Their claim -> ready alone: ${cmp(p(t.ours.ready, 50), p(t.theirs.ready, 50))}.`,
+    `- Issue 24's target for the claim path: our serial claim -> first command p50 at or under their claim -> ready p50: ${ms(p(t.ours.first, 50))} vs ${ms(p(t.theirs.ready, 50))} (${p(t.ours.first, 50) <= p(t.theirs.ready, 50) ? 'met' : 'not met'}); in bursts ${ms(p(t.oursBurst.first, 50))} vs ${ms(p(t.theirsBurst.ready, 50))} (${p(t.oursBurst.first, 50) <= p(t.theirsBurst.ready, 50) ? 'met' : 'not met'}), and our burst p99 to first command at most half of theirs: ${ms(p(t.oursBurst.first, 99))} vs ${ms(p(t.theirsBurst.first, 99))} (${p(t.oursBurst.first, 99) <= 0.5 * p(t.theirsBurst.first, 99) ? 'met' : 'not met'}).`,
+    `- Bursts of ${WARM} with ${WARM} warm boxes ready: ${t.oursBurst.cold} of our ${t.oursBurst.ready.length} claims and ${t.theirsBurst.cold} of their ${t.theirsBurst.ready.length} were served by a new pod. A new pod waits for room: ${WARM} warm boxes of each pool fill the real node's 2 allocatable cores at ${CPU}, so it is scheduled only as claimed boxes are deleted, and its first command takes seconds; such misses set the p99.`,
+    `- API writes per claim cycle (net of rest): serial ${apiOf('ours', 'serial').writes.toFixed(1)} ours vs ${apiOf('theirs', 'serial').writes.toFixed(1)} theirs, bursts ${apiOf('ours', 'burst').writes.toFixed(1)} vs ${apiOf('theirs', 'burst').writes.toFixed(1)}; the JSON lists them by verb and resource.`,
+    '- Caveats: one 2-core machine runs the API server, etcd, the kubelet, containerd, both controllers and the bench, so figures move with the load average; agent-sandbox runs without its webhooks (defaulting, validation, conversion) and with the admin kubeconfig; the API server counts include requests of anything else that used the cluster during a window.',
+  ];
+  return lines.join('\n');
+}
+
+main().then(
+  () => process.exit(0),
+  (err: unknown) => {
+    log(`failed: ${err instanceof Error ? err.stack : String(err)}`);
+    process.exit(1);
+  },
+);
