@@ -77,6 +77,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rec *record, st 
 				break
 			}
 			rec.down += int64(n)
+			p.countBytes(false, int64(n))
 			rc.Flush() // stream (server-sent events, long polls)
 		}
 		if err != nil {
@@ -84,6 +85,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, rec *record, st 
 		}
 	}
 	rec.up = body.n
+	p.countBytes(true, body.n)
 }
 
 type countReader struct {

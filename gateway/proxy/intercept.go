@@ -50,7 +50,7 @@ func (p *Proxy) intercept(w http.ResponseWriter, rec *record, ca certs.Signer, h
 	}
 	rec.up -= int64(len(raw)) // counted again by the counter below, on replay
 	rec.decision = "intercept"
-	counted := &countConn{Conn: &bufConn{Conn: client, r: io.MultiReader(bytes.NewReader(raw), client)}}
+	counted := &countConn{Conn: &bufConn{Conn: client, r: io.MultiReader(bytes.NewReader(raw), client)}, count: p.countBytes}
 	tconn := tls.Server(counted, &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"http/1.1"},
@@ -157,21 +157,24 @@ func writeAnswer(conn net.Conn, status int, typ, message, host, rule string) {
 		status, http.StatusText(status), rule, len(body)+1, string(body)+"\n")
 }
 
-// countConn counts the bytes read from (up) and written to (down) the box.
+// countConn counts the bytes read from (up) and written to (down) the box, and tells count.
 type countConn struct {
 	net.Conn
 	in, out atomic.Int64
+	count   func(up bool, n int64)
 }
 
 func (c *countConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	c.in.Add(int64(n))
+	c.count(true, int64(n))
 	return n, err
 }
 
 func (c *countConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	c.out.Add(int64(n))
+	c.count(false, int64(n))
 	return n, err
 }
 

@@ -141,13 +141,21 @@ type record struct {
 	err       string // what failed, for "error" decisions (never a header value)
 }
 
+// countBytes adds relayed bytes to the metrics as they move (not when a connection ends, so a
+// long download shows in rates while it runs).
+func (p *Proxy) countBytes(up bool, n int64) {
+	if up {
+		p.cfg.Metrics.BytesUp.Add(uint64(n))
+	} else {
+		p.cfg.Metrics.BytesDown.Add(uint64(n))
+	}
+}
+
 func (p *Proxy) finish(rec *record) {
 	p.cfg.Metrics.Decision(rec.kind, rec.decision)
 	if rec.decision == "deny" {
 		p.denied(rec, rec.host, rec.rule)
 	}
-	p.cfg.Metrics.BytesUp.Add(uint64(rec.up))
-	p.cfg.Metrics.BytesDown.Add(uint64(rec.down))
 	attrs := []any{
 		"kind", rec.kind, "box", rec.box, "client", rec.client.String(), "host", rec.host, "port", rec.port,
 		"decision", rec.decision, "rule", rec.rule, "status", rec.status,

@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"bytes"
+	"crypto/rand"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -32,7 +35,7 @@ func spliced(t *testing.T, idle time.Duration) (box, host *net.TCPConn, done cha
 	box, a := tcpPair(t)
 	b, host := tcpPair(t)
 	done = make(chan [2]int64, 1)
-	go func() { up, down := splice(a, b, idle); done <- [2]int64{up, down} }()
+	go func() { up, down := splice(a, b, idle, nil); done <- [2]int64{up, down} }()
 	return box, host, done
 }
 
@@ -87,5 +90,52 @@ func TestSpliceIdle(t *testing.T) {
 	}
 	if _, err := box.Read(buf); err == nil {
 		t.Fatal("the box's side is still open")
+	}
+}
+
+func TestSpliceLargeTransferAndLiveCount(t *testing.T) {
+	// Several chunks each way, byte for byte, and the bytes counted while the tunnel is open.
+	box, a := tcpPair(t)
+	b, host := tcpPair(t)
+	var up, down atomic.Int64
+	done := make(chan [2]int64, 1)
+	go func() {
+		u, d := splice(a, b, 5*time.Second, func(isUp bool, n int64) {
+			if isUp {
+				up.Add(n)
+			} else {
+				down.Add(n)
+			}
+		})
+		done <- [2]int64{u, d}
+	}()
+	payload := make([]byte, 5*spliceChunk+12345)
+	rand.Read(payload)
+	go func() { host.Write(payload) }()
+	got := make([]byte, len(payload))
+	if _, err := io.ReadFull(box, got); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("download: %v, equal %v", err, bytes.Equal(got, payload))
+	}
+	// Still open, and already counted.
+	deadline := time.Now().Add(2 * time.Second)
+	for down.Load() != int64(len(payload)) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if down.Load() != int64(len(payload)) {
+		t.Fatalf("counted %d of %d bytes down while the tunnel is open", down.Load(), len(payload))
+	}
+	box.Write([]byte("bye"))
+	box.CloseWrite()
+	if b, err := io.ReadAll(host); err != nil || string(b) != "bye" {
+		t.Fatalf("upload %q %v", b, err)
+	}
+	host.Close()
+	select {
+	case n := <-done:
+		if n != [2]int64{3, int64(len(payload))} || up.Load() != 3 {
+			t.Fatalf("bytes up/down = %v, counted up %d", n, up.Load())
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("splice did not end")
 	}
 }

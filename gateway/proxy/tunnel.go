@@ -80,9 +80,9 @@ func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request, rec *record,
 	if _, err := up.Write(raw); err != nil {
 		return
 	}
-	rec.up += int64(len(raw))
+	p.countBytes(true, int64(len(raw))) // in rec.up already (checkHello)
 	defer p.track(rec, client)()
-	u, d := splice(client, up, p.cfg.IdleTimeout)
+	u, d := splice(client, up, p.cfg.IdleTimeout, p.countBytes)
 	rec.up += u
 	rec.down += d
 }
@@ -154,37 +154,50 @@ func closeWrite(c net.Conn) error {
 	return c.Close()
 }
 
+// spliceChunk is how much one copy call moves before the loop looks at the clock again.
+const spliceChunk = 1 << 20
+
 // splice copies a->b and b->a until both directions ended, passing a half-close on, and closes
-// both after idle with no byte either way. It returns the bytes copied a->b and b->a.
-func splice(a, b net.Conn, idle time.Duration) (ab, ba int64) {
+// both after idle with no byte either way. count (may be nil) hears every chunk as it moves,
+// up (a->b) or down; it returns the bytes copied a->b and b->a.
+//
+// Each direction copies with io.Copy into the destination's own connection, so between two TCP
+// connections Go moves the bytes with splice(2) through a kernel pipe, never through this
+// process's memory. A copy call ends at least every tick (a read deadline), so both directions
+// see the other's progress: a direction with nothing to read is not idle while the other is busy
+// (a long download with a silent box). The write deadline is later than the read one, so a
+// deadline error before it is the read's (nothing was taken from the source); a write that
+// cannot finish in idle means the destination stopped reading: the connection ends.
+func splice(a, b net.Conn, idle time.Duration, count func(up bool, n int64)) (ab, ba int64) {
+	tick := min(max(idle/4, 10*time.Millisecond), 5*time.Second)
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
 	var once sync.Once
 	closeBoth := func() { once.Do(func() { a.Close(); b.Close() }) }
-	pump := func(dst, src net.Conn, n *int64) {
-		buf := make([]byte, 32<<10)
+	pump := func(dst, src net.Conn, n *int64, up bool) {
+		w := writerOf(dst)
 		for {
-			src.SetReadDeadline(time.Now().Add(idle))
-			k, err := src.Read(buf)
+			now := time.Now()
+			src.SetReadDeadline(now.Add(tick))
+			writeBy := now.Add(idle + tick)
+			w.SetWriteDeadline(writeBy)
+			k, err := io.Copy(w, &io.LimitedReader{R: src, N: spliceChunk})
 			if k > 0 {
 				last.Store(time.Now().UnixNano())
-				dst.SetWriteDeadline(time.Now().Add(idle))
-				w, werr := dst.Write(buf[:k])
-				*n += int64(w)
-				if werr != nil {
-					closeBoth()
-					return
+				*n += k
+				if count != nil {
+					count(up, k)
 				}
 			}
-			if err == nil {
-				continue
-			}
-			if errors.Is(err, os.ErrDeadlineExceeded) && time.Since(time.Unix(0, last.Load())) < idle {
-				continue // the other direction is busy: the connection is not idle
-			}
-			if errors.Is(err, io.EOF) {
-				closeWrite(dst)
+			switch {
+			case err == nil && k == spliceChunk:
+				continue // a full chunk: more may follow
+			case err == nil:
+				closeWrite(dst) // the source's EOF: pass the half-close on
 				return
+			case errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(writeBy) &&
+				time.Since(time.Unix(0, last.Load())) < idle:
+				continue // the read found nothing, but the other direction is busy: not idle
 			}
 			closeBoth()
 			return
@@ -192,9 +205,18 @@ func splice(a, b net.Conn, idle time.Duration) (ab, ba int64) {
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); pump(b, a, &ab) }()
-	pump(a, b, &ba)
+	go func() { defer wg.Done(); pump(b, a, &ab, true) }()
+	pump(a, b, &ba, false)
 	wg.Wait()
 	closeBoth()
 	return ab, ba
+}
+
+// writerOf is the connection to write to: a bufConn's own (its buffer is only for reading), so
+// io.Copy can hand the copy to the kernel.
+func writerOf(c net.Conn) net.Conn {
+	if bc, ok := c.(*bufConn); ok {
+		return writerOf(bc.Conn)
+	}
+	return c
 }
