@@ -8,7 +8,9 @@
 //
 // The SandboxPool CRD is applied and a pool "dev" is created or brought up to date (namespace
 // "sandbox"; boxes go to the local real node when there is one, with the locally built box
-// image). The bridge gets a freshly generated token; URL, token and a curl line are printed and
+// image). On the local cluster's real node the chart's egress gateway runs too (2 replicas in
+// namespace "sandbox-bridge-dev", removed again on stop) and the pool points at it; the pool
+// stays in direct mode until you switch it (docs/egress.md). The bridge gets a freshly generated token; URL, token and a curl line are printed and
 // written to .dev/env, which is removed when dev stops.
 //
 // Supervision, like a kubelet's: a program that exits (the operator does so on purpose when it
@@ -21,6 +23,10 @@ import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { NODE_FLAGS } from '../dist/common/node-flags.js';
+// The chart's gateway objects on the local real node: the tests' helper, built into dist/ with
+// the benches that use it (npm run build).
+import { deployGatewayOnRealNode } from '../dist/test/support/egress-gateway.js';
+import { realNodeNetwork } from '../dist/test/support/test-hosts.js';
 
 const root = join(import.meta.dirname, '..');
 const POOL = process.env.DEV_POOL ?? 'dev';
@@ -40,10 +46,12 @@ const BACKOFF_START_MS = 1000;
 const BACKOFF_MAX_MS = 30_000;
 const STABLE_AFTER_MS = 60_000;
 const GVISOR_RUNTIME_CLASS = 'gvisor';
+const GATEWAY_NAMESPACE = process.env.DEV_GATEWAY_NAMESPACE ?? 'sandbox-bridge-dev';
 
 const say = (msg) => process.stderr.write(`[dev] ${msg}\n`);
 const children = [];
 let startedCluster = false;
+let gateway;
 let stopping = false;
 
 const kubectlBin = () => (existsSync(join(root, '.cluster/bin/kubectl')) ? join(root, '.cluster/bin/kubectl') : 'kubectl');
@@ -217,6 +225,7 @@ async function stop(code = 0) {
         }),
     ),
   );
+  if (gateway && !startedCluster) await gateway.stop().catch((err) => say(`could not remove the egress gateway: ${err.message}`));
   if (startedCluster) spawnSync('bash', [join(root, 'test/cluster/down.sh')], { stdio: ['ignore', 'inherit', 'inherit'] });
   process.exit(code);
 }
@@ -228,6 +237,51 @@ function devBoxdKey() {
   const key = randomBytes(32).toString('hex');
   writeFileSync(file, `${key}\n`, { mode: 0o600 });
   return key;
+}
+
+/** The egress gateway's key (its key file's first line; bridge and operator sign box proxy credentials with it). */
+function devEgressKey() {
+  const file = join(root, '.dev/egress-key');
+  if (existsSync(file)) return readFileSync(file, 'utf8').trim();
+  mkdirSync(join(root, '.dev'), { recursive: true });
+  const key = randomBytes(32).toString('hex');
+  writeFileSync(file, `${key}\n`, { mode: 0o600 });
+  return key;
+}
+
+/**
+ * The chart's egress gateway on the local real node, when Services and in-cluster API access work
+ * there (test/cluster/real-node/up.sh records why not), and the pool pointed at it.
+ */
+async function startGateway(kc, kubeconfig, egressKey) {
+  const why = ['services.unavailable', 'in-cluster-api.unavailable'].map((f) => join(root, '.cluster', f)).find((f) => existsSync(f));
+  process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG = kubeconfig;
+  const net = realNodeNetwork();
+  if (why || !net?.svcChain) {
+    say(`no egress gateway: ${why ? readFileSync(why, 'utf8').split('\n')[0] : 'the real node has no Services (run test/cluster/up.sh again)'}`);
+    return undefined;
+  }
+  // Its Role goes into the pool's namespace, which the operator makes.
+  const core = kc.makeApiClient(k8s.CoreV1Api);
+  for (let i = 0; !(await core.readNamespace({ name: NAMESPACE }).then(() => true, () => false)); i++) {
+    if (i > 150) throw new Error(`the operator did not make namespace ${NAMESPACE}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  say(`starting the egress gateway (2 replicas, namespace ${GATEWAY_NAMESPACE})`);
+  const gw = await deployGatewayOnRealNode({
+    kc,
+    net,
+    poolNamespace: NAMESPACE,
+    key: egressKey,
+    resolverKey: randomBytes(32).toString('hex'),
+    namespace: GATEWAY_NAMESPACE,
+    release: 'dev',
+  });
+  await kc.makeApiClient(k8s.CustomObjectsApi).patchClusterCustomObject(
+    { group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools', name: POOL, body: { spec: { egress: { gateway: gw.poolGateway } } } },
+    k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
+  );
+  return gw;
 }
 
 /** The seal key of snapshot envs, kept in .dev/ so snapshots of an earlier run stay restorable. */
@@ -284,9 +338,10 @@ async function main() {
   // if the key stays, so it is kept in .dev/ between runs.
   const boxdKey = devBoxdKey();
   const boxdImage = process.env.BOXD_IMAGE ?? 'sandbox-bridge.local/boxd:dev';
+  const egressKey = devEgressKey();
   const store = devObjectStore(local);
   if (!store.OBJECT_STORE_BUCKET) say('no local object store: snapshots answer 501 (run npm run cluster:up for one)');
-  const common = { KUBECONFIG: kubeconfig, LOG_LEVEL: process.env.LOG_LEVEL ?? 'info', ...store };
+  const common = { KUBECONFIG: kubeconfig, LOG_LEVEL: process.env.LOG_LEVEL ?? 'info', EGRESS_KEY: egressKey, ...store };
   supervise('operator', 'dist/operator/main.js', {
     ...common,
     // Warm boxes: the operator makes their pods and credentials with the bridge's image and key.
@@ -310,6 +365,11 @@ async function main() {
   await waitReady(`http://127.0.0.1:${OPERATOR_METRICS_PORT}/readyz`, 'the operator');
   await waitReady(`http://127.0.0.1:${BRIDGE_METRICS_PORT}/readyz`, 'the bridge');
   if (stopping) return;
+  if (local && hasRealNode) {
+    // Without it dev still serves direct-mode pools; a node too full to schedule it is the usual reason.
+    gateway = await startGateway(kc, kubeconfig, egressKey).catch((err) => void say(`the egress gateway did not start: ${err.message.split('\n')[0]}`));
+  }
+  if (stopping) return;
 
   const url = `http://127.0.0.1:${PORT}`;
   mkdirSync(DEV_DIR, { recursive: true });
@@ -326,7 +386,14 @@ async function main() {
 
     Agent runtime: SANDBOX_PROVIDER=cluster-bridge CLUSTER_BRIDGE_URL=${url} CLUSTER_BRIDGE_TOKEN=<token above>
     Metrics: http://127.0.0.1:${BRIDGE_METRICS_PORT}/metrics (bridge), http://127.0.0.1:${OPERATOR_METRICS_PORT}/metrics (operator)
-
+${
+  gateway
+    ? `    Egress gateway: ${gateway.service}.${GATEWAY_NAMESPACE} (${gateway.serviceIP}:3128); the pool is in direct mode until you switch it:
+      kubectl patch sbp ${POOL} --type merge -p '{"spec":{"egress":{"mode":"gateway","domains":{"allow":["example.com"]}}}}'
+      (this machine's real node reaches only test hosts: see docs/local-cluster.md)
+`
+    : ''
+}
   The operator and the bridge are restarted if they exit. Ctrl-C stops everything this started.
 `);
 }

@@ -41,8 +41,11 @@ export interface GatewayOptions {
   key: string;
   resolverKey: string;
   /** PEM of the CA the test hosts' certificates chain to (the chart's egressGateway.upstreamCA). */
-  upstreamCA: string;
-  hostAliases: Array<{ ip: string; hostnames: string[] }>;
+  upstreamCA?: string;
+  hostAliases?: Array<{ ip: string; hostnames: string[] }>;
+  /** A namespace of its own (made if missing, left in place by stop()); default a new test namespace. */
+  namespace?: string;
+  release?: string;
   replicas?: number;
   extraArgs?: string[];
   resources?: Record<string, unknown>;
@@ -62,9 +65,15 @@ export async function deployGatewayOnRealNode(o: GatewayOptions): Promise<Gatewa
   importRealNodeImage('egress-gateway');
   const core = o.kc.makeApiClient(k8s.CoreV1Api);
   const apps = o.kc.makeApiClient(k8s.AppsV1Api);
-  const namespace = await createTestNamespace(o.kc, 'egw', { 'pod-security.kubernetes.io/enforce': 'restricted' });
-  const release = uniqueName('egw');
-  await core.createNamespacedConfigMap({ namespace, body: { metadata: { name: 'upstream-ca' }, data: { 'ca.crt': o.upstreamCA } } });
+  const restricted = { 'pod-security.kubernetes.io/enforce': 'restricted' };
+  const namespace = o.namespace ?? (await createTestNamespace(o.kc, 'egw', restricted));
+  if (o.namespace) {
+    await core.createNamespace({ body: { metadata: { name: o.namespace, labels: restricted } } }).catch((err: unknown) => {
+      if (!(err instanceof k8s.ApiException && err.code === 409)) throw err;
+    });
+  }
+  const release = o.release ?? uniqueName('egw');
+  if (o.upstreamCA) await core.createNamespacedConfigMap({ namespace, body: { metadata: { name: 'upstream-ca' }, data: { 'ca.crt': o.upstreamCA } } });
   const values = {
     secret: { token: TOKEN },
     rbac: { targetNamespace: o.poolNamespace, createNamespace: false },
@@ -78,8 +87,8 @@ export async function deployGatewayOnRealNode(o: GatewayOptions): Promise<Gatewa
       nodeSelector: { [REAL_NODE_LABEL]: 'true' },
       tolerations: [{ key: REAL_NODE_LABEL, operator: 'Exists', effect: 'NoSchedule' }],
       topologySpreadConstraints: [],
-      hostAliases: o.hostAliases,
-      upstreamCA: { configMapName: 'upstream-ca', key: 'ca.crt' },
+      hostAliases: o.hostAliases ?? [],
+      ...(o.upstreamCA ? { upstreamCA: { configMapName: 'upstream-ca', key: 'ca.crt' } } : {}),
       extraArgs: o.extraArgs ?? [],
       ...(o.resources ? { resources: o.resources } : {}),
     },
@@ -122,7 +131,19 @@ export async function deployGatewayOnRealNode(o: GatewayOptions): Promise<Gatewa
       throw new Error(`${String(err)}\nevents:\n${events}\nlogs:\n${logs}`);
     });
   };
-  await waitReplicas(o.replicas ?? 2);
+  const remove = async () => {
+    if (o.namespace) kubectl(['delete', '-f', '-', '--ignore-not-found', '--wait=false'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: docs }));
+    else {
+      await deleteTestNamespace(o.kc, namespace);
+      for (const d of clusterScoped) kubectl(['delete', d.kind, d.metadata.name, '--ignore-not-found']);
+    }
+  };
+  try {
+    await waitReplicas(o.replicas ?? 2);
+  } catch (err) {
+    await remove(); // nothing left behind by a gateway that never became ready
+    throw err;
+  }
 
   return {
     namespace,
@@ -146,10 +167,7 @@ export async function deployGatewayOnRealNode(o: GatewayOptions): Promise<Gatewa
     logs(pod) {
       return kubectl(['logs', '-n', namespace, pod.metadata!.name!]);
     },
-    async stop() {
-      await deleteTestNamespace(o.kc, namespace);
-      for (const d of clusterScoped) spawnSync(`${process.cwd()}/.cluster/bin/kubectl`, ['delete', d.kind, d.metadata.name, '--ignore-not-found'], { env: { ...process.env, KUBECONFIG: process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG } });
-    },
+    stop: remove,
   };
 }
 
