@@ -21,6 +21,10 @@
 // 4. API requests per claim cycle, from the API server's apiserver_request_total (all clients),
 //    less what the cluster does at rest (quiet windows of BENCH_PEERS_REST_S through the run, both
 //    pools idle; the machine and cluster are shared); writes apart.
+// 5. Accounting: the controllers restarted, each side's behind its own counting proxy
+//    (bench/api-requests.ts), BENCH_PEERS_ACCOUNT=10 more serial cycles each: their own requests
+//    per claim cycle exactly, whatever else uses the cluster, and at rest between cycles. Apart
+//    from the timed parts, so the proxy's hop is in none of the latencies.
 // Results go to bench/results/peers.md and .json.
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -31,7 +35,8 @@ import type { BridgeClient } from '../client/index.js';
 import { LABELS } from '../common/labels.js';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { milliValue } from '../common/quantity.js';
-import { ApiWindows, isWrite, toObject, total, type Counts } from './peers/api-metrics.js';
+import { CountingProxy, calls, tally as tallyRequests } from './api-requests.js';
+import { ApiWindows, add, isWrite, toObject, total, type Counts } from './peers/api-metrics.js';
 import { AgentSandboxObjects, LAUNCH_TYPE_LABEL, buildAgentSandbox, installCrds, isReady, kubeExec, startController, templateSpec, uninstallCrds } from './peers/agent-sandbox.js';
 import { writeResults } from './results-file.js';
 import { REAL_NODE_LABEL, ensureCluster, kubectl, startBenchBridge, startBenchOperator, stats, waitUntil, warmBenchPoolSpec } from './setup.js';
@@ -49,6 +54,8 @@ const CLAIM_TIMEOUT_MS = 120_000;
 /** How long the bench waits for other pods on the real node to leave room for both pools. */
 const ROOM_TIMEOUT_MS = 600_000;
 const REST_TIMEOUT_MS = 300_000;
+/** Serial cycles each in the accounting part (processes behind counting proxies). */
+const ACCOUNT = Number(process.env.BENCH_PEERS_ACCOUNT ?? 10);
 const IMAGE = 'sandbox-bridge.local/box:dev';
 const CPU = '50m';
 const MEMORY_MI = 48;
@@ -245,6 +252,29 @@ async function realNodeRoom(): Promise<{ free: number; holders: string }> {
   return { free: Number(milliValue(node.status!.allocatable!.cpu!)) - used, holders: holders || 'nothing' };
 }
 
+/** SIGTERM, and SIGKILL if it has not exited after 15 s. */
+function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+  return new Promise((resolve) => {
+    const kill = setTimeout(() => child.kill('SIGKILL'), 15_000);
+    child.once('exit', () => {
+      clearTimeout(kill);
+      resolve();
+    });
+    child.kill('SIGTERM');
+  });
+}
+
+/** What the accounting part found for one side: its processes' requests in its own cycles, and between them. */
+interface Accounting {
+  cycles: number;
+  errors: string[];
+  own: Counts;
+  ownSeconds: number;
+  rest: Counts;
+  restSeconds: number;
+}
+
 interface Tally {
   ready: number[];
   first: number[];
@@ -307,8 +337,10 @@ async function main() {
   const theirs = tally();
   const oursBurst = tally();
   const theirsBurst = tally();
+  let accounting: Record<'ours' | 'theirs', Accounting> | undefined;
   try {
-    children.push(await startBenchOperator(ROOT, KUBECONFIG, { pool, id, boxdKey }));
+    let ourProcs: ChildProcess[] = [await startBenchOperator(ROOT, KUBECONFIG, { pool, id, boxdKey })];
+    children.push(...ourProcs);
     await custom.createClusterCustomObject({
       group: POOL_GROUP,
       version: POOL_VERSION,
@@ -322,16 +354,19 @@ async function main() {
     });
     const bridgeProcs = [];
     for (let i = 0; i < 2; i++) bridgeProcs.push(await startBenchBridge(ROOT, KUBECONFIG, { token, boxdKey, pool, namespace: oursNs }));
+    ourProcs.push(...bridgeProcs.map((b) => b.child));
     children.push(...bridgeProcs.map((b) => b.child));
 
     await core.createNamespace({ body: { metadata: { name: theirsNs, labels: { 'pod-security.kubernetes.io/enforce': 'restricted' } } } });
-    children.push(await startController(peer.dir, KUBECONFIG, controllerLog));
+    let theirProc = await startController(peer.dir, KUBECONFIG, controllerLog);
+    children.push(theirProc);
     log(`agent-sandbox controller log: ${controllerLog}`);
     await objs.template(pool, templateSpec({ image: IMAGE, cpu: CPU, memory: `${MEMORY_MI}Mi` }));
     await objs.warmPool(pool, pool, WARM);
 
     await waitUntil(`namespace ${oursNs}`, async () => Boolean(await core.readNamespace({ name: oursNs })), 60_000);
-    const sideOurs = await oursSide(bridgeProcs.map((b) => b.client));
+    const clients = bridgeProcs.map((b) => b.client);
+    const sideOurs = await oursSide(clients);
     const sideTheirs = await theirsSide(objs, pool);
     stops.push(sideOurs.stop, sideTheirs.stop);
     const bothAtRest = () => waitUntil('both pools at rest (warm boxes ready, nothing claimed or terminating)', async () => sideOurs.atRest() && sideTheirs.atRest(), REST_TIMEOUT_MS, 100);
@@ -398,6 +433,53 @@ async function main() {
         }
       }
       results.loadAverage = { ...(results.loadAverage as object), bursts: load() };
+
+      // 5. accounting
+      if (ACCOUNT > 0) {
+        log(`accounting: each side's processes again behind a counting proxy, ${ACCOUNT} serial cycles each`);
+        const proxies = { ours: new CountingProxy(kc), theirs: new CountingProxy(kc) };
+        await proxies.ours.start();
+        await proxies.theirs.start();
+        stops.push(() => void proxies.ours.stop(), () => void proxies.theirs.stop());
+        await Promise.all([...ourProcs, theirProc].map(stopChild));
+        const proxied = proxies.ours.kubeconfigFile();
+        ourProcs = [await startBenchOperator(ROOT, proxied, { pool, id, boxdKey })];
+        const again = [];
+        for (let i = 0; i < 2; i++) again.push(await startBenchBridge(ROOT, proxied, { token, boxdKey, pool, namespace: oursNs }));
+        ourProcs.push(...again.map((b) => b.child));
+        clients.splice(0, clients.length, ...again.map((b) => b.client));
+        theirProc = await startController(peer.dir, proxies.theirs.kubeconfigFile(), `${controllerLog}.proxied`);
+        children.push(...ourProcs, theirProc);
+        await bothAtRest();
+        await sleep(5_000); // start-up lists and watches out of the way
+        const acct = { ours: newAccounting(), theirs: newAccounting() };
+        const from = { ours: proxies.ours.mark(), theirs: proxies.theirs.mark(), at: performance.now() };
+        for (let i = 0; i < ACCOUNT; i++) {
+          for (const side of [sideOurs, sideTheirs]) {
+            await bothAtRest();
+            const proxy = proxies[side.name];
+            const a = acct[side.name];
+            const mark = proxy.mark();
+            const t0 = performance.now();
+            try {
+              await side.cycle(`acct-${i}`, i);
+            } catch (err) {
+              a.errors.push(String(err).slice(0, 300));
+            }
+            await bothAtRest();
+            await sleep(SETTLE_MS);
+            a.cycles++;
+            a.own = add(a.own, tallyRequests(calls(proxy.since(mark))));
+            a.ownSeconds += (performance.now() - t0) / 1000;
+          }
+        }
+        for (const name of ['ours', 'theirs'] as const) {
+          const a = acct[name];
+          a.rest = add(tallyRequests(calls(proxies[name].since(from[name]))), a.own, -1);
+          a.restSeconds = (performance.now() - from.at) / 1000 - a.ownSeconds;
+        }
+        accounting = acct;
+      }
     } catch (err) {
       results.stoppedEarly = `${String(err).slice(0, 300)}; the real node: ${(await realNodeRoom()).holders}`;
       log(`stopped early: ${String(results.stoppedEarly)}`);
@@ -421,10 +503,17 @@ async function main() {
     }
   }
   results.loadAverage = { ...(results.loadAverage as object), end: load() };
-  report(results, { ours, theirs, oursBurst, theirsBurst }, api);
+  report(results, { ours, theirs, oursBurst, theirsBurst }, api, accounting);
 }
 
-function report(results: Record<string, unknown>, t: { ours: Tally; theirs: Tally; oursBurst: Tally; theirsBurst: Tally }, api: ApiWindows) {
+const newAccounting = (): Accounting => ({ cycles: 0, errors: [], own: new Map(), ownSeconds: 0, rest: new Map(), restSeconds: 0 });
+
+function report(
+  results: Record<string, unknown>,
+  t: { ours: Tally; theirs: Tally; oursBurst: Tally; theirsBurst: Tally },
+  api: ApiWindows,
+  accounting: Record<'ours' | 'theirs', Accounting> | undefined,
+) {
   // Cycles tried in each tally's windows (a failed one ran its windows too).
   const tried = (x: Tally) => Math.max(1, x.ready.length + x.errors.length);
   const cycles = { 'ours serial': tried(t.ours), 'theirs serial': tried(t.theirs), 'ours burst': tried(t.oursBurst), 'theirs burst': tried(t.theirsBurst) };
@@ -482,9 +571,53 @@ function report(results: Record<string, unknown>, t: { ours: Tally; theirs: Tall
       .slice(0, 6)
       .map(([k, v]) => `${k} ${v.toFixed(1)}`)
       .join(', ');
+  if (accounting) {
+    // The client's own requests per cycle: ours talks to a bridge (none); theirs makes the claim,
+    // deletes it and runs its first command through the API server.
+    const client: Record<'ours' | 'theirs', Counts> = {
+      ours: new Map(),
+      theirs: new Map([
+        ['POST sandboxclaims', 1],
+        ['DELETE sandboxclaims', 1],
+        ['CONNECT pods/exec', 1],
+      ]),
+    };
+    const perCycleOf = (name: 'ours' | 'theirs') => add(add(new Map(), accounting[name].own, 1 / Math.max(1, accounting[name].cycles)), client[name]);
+    const restOf = (name: 'ours' | 'theirs') => add(new Map(), accounting[name].rest, 1 / Math.max(1e-9, accounting[name].restSeconds));
+    const a = { ours: perCycleOf('ours'), theirs: perCycleOf('theirs') };
+    const r = { ours: restOf('ours'), theirs: restOf('theirs') };
+    results.accounting = Object.fromEntries(
+      (['ours', 'theirs'] as const).map((name) => [
+        name,
+        {
+          cycles: accounting[name].cycles,
+          errors: accounting[name].errors,
+          perCycle: { all: total(a[name]), writes: total(a[name], isWrite), client: toObject(client[name]), byVerbResource: toObject(a[name]) },
+          atRest: { seconds: accounting[name].restSeconds, requestsPerSecond: total(r[name]), writesPerSecond: total(r[name], isWrite), byVerbResource: toObject(r[name]) },
+        },
+      ]),
+    );
+    const n = `${accounting.ours.cycles} / ${accounting.theirs.cycles}`;
+    rows.push([
+      `own API requests per claim cycle, counted at a proxy (serial, n=${n}; ours: 2 bridges + operator; theirs: controller + the client's claim, delete and kube exec): all / writes`,
+      `${total(a.ours).toFixed(1)} / ${total(a.ours, isWrite).toFixed(1)}`,
+      `${total(a.theirs).toFixed(1)} / ${total(a.theirs, isWrite).toFixed(1)}`,
+      ratio(total(a.ours, isWrite), total(a.theirs, isWrite)),
+    ]);
+    rows.push([
+      '… the same processes between cycles (at rest): requests / writes per second',
+      `${total(r.ours).toFixed(2)} / ${total(r.ours, isWrite).toFixed(2)}`,
+      `${total(r.theirs).toFixed(2)} / ${total(r.theirs, isWrite).toFixed(2)}`,
+      '',
+    ]);
+    const writes = (c: Counts) => toObject(new Map([...c].filter(([k]) => isWrite(k))));
+    rows.push(['… own writes per claim cycle, largest', top(writes(a.ours)), top(writes(a.theirs)), '']);
+  }
   rows.push(['writes per serial cycle, largest', top(apiOf('ours', 'serial').writesByVerbResource), top(apiOf('theirs', 'serial').writesByVerbResource), '']);
   rows.push(['writes per burst cycle, largest', top(apiOf('ours', 'burst').writesByVerbResource), top(apiOf('theirs', 'burst').writesByVerbResource), '']);
 
+  const acc = results.accounting as Record<'ours' | 'theirs', { perCycle: { writes: number } }> | undefined;
+  const ownWrites = acc ? { ours: acc.ours.perCycle.writes, theirs: acc.theirs.perCycle.writes } : undefined;
   const la = results.loadAverage as Record<string, string>;
   const peer = results.agentSandbox as { version: string };
   const table = ['| measure | ours | agent-sandbox | ours / theirs |', '|---|---|---|---|', ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
@@ -504,16 +637,22 @@ function report(results: Record<string, unknown>, t: { ours: Tally; theirs: Tall
     `- **ours**: claim = \`POST /boxes\`; ready = its answer (a warm box's agent answered the claim; a new pod also Ready); first command = \`exec true\` through the bridge to boxd in the box.`,
     "- **agent-sandbox**: claim = a SandboxClaim on the SandboxWarmPool; ready = the Sandbox it gets reports Ready (seen by a watch); first command = `sh -c true` by kube exec (`pods/exec` through the API server and the kubelet): agent-sandbox's core has no generic in-box agent for an image like busybox (its sandbox runtime is a separate image), so a user of a plain image runs commands this way.",
     `- API requests: the API server's \`apiserver_request_total\` (every client: bridges, operator, controller, scheduler, kubelet, garbage collector, the bench's claims, deletes and execs), scraped around each cycle (serial) or burst, per claim cycle, less the cluster's own rate at rest: ${rest.writes.toFixed(2)} writes/s and ${rest.all.toFixed(2)} requests/s over ${api.restWrites.length} quiet windows of ${REST_S} s with both pools idle (writes/s in each: ${api.restWrites.map((w) => w.toFixed(1)).join(', ')}); the cluster is shared, so the net figures are as steady as that rate. Writes are POST, PUT, PATCH, APPLY, DELETE; an exec is a CONNECT (not a write).`,
+    `- Own requests: last, each side's processes are restarted behind a counting proxy of their own (\`bench/api-requests.ts\`) for ${ACCOUNT} more serial cycles each, apart from the timed parts: exact for those processes whatever else uses the cluster (the kubelet, scheduler, garbage collector and other controllers are only in the API server's totals).`,
     '',
     table,
     '',
-    whatItMeans(t, apiOf),
+    whatItMeans(t, apiOf, results.realNodeAtStart as { free: number; holders: string }, ownWrites),
   ].join('\n');
   writeResults(ROOT, 'peers', md, results);
   process.stdout.write(`${md}\n`);
 }
 
-function whatItMeans(t: { ours: Tally; theirs: Tally; oursBurst: Tally; theirsBurst: Tally }, apiOf: (name: string, kind: 'serial' | 'burst') => { writes: number }): string {
+function whatItMeans(
+  t: { ours: Tally; theirs: Tally; oursBurst: Tally; theirsBurst: Tally },
+  apiOf: (name: string, kind: 'serial' | 'burst') => { writes: number },
+  room: { free: number; holders: string },
+  own: { ours: number; theirs: number } | undefined,
+): string {
   const p = (x: number[], q: number) => stats(x)[q === 50 ? 'p50' : 'p99'];
   const ms = (v: number) => `${v.toFixed(0)} ms`;
   const cmp = (a: number, b: number) => (a <= b ? `ours ${ms(a)} vs ${ms(b)}: ahead by ${ms(b - a)}` : `ours ${ms(a)} vs ${ms(b)}: behind by ${ms(a - b)}`);
@@ -522,8 +661,9 @@ function whatItMeans(t: { ours: Tally; theirs: Tally; oursBurst: Tally; theirsBu
     '',
     `- Serial, a box that answers its first command: ${cmp(p(t.ours.first, 50), p(t.theirs.first, 50))} (p50). Ours answers through boxd already running in the box; theirs needs a kube exec, which is most of its figure. Their claim -> ready alone: ${cmp(p(t.ours.ready, 50), p(t.theirs.ready, 50))}.`,
     `- Issue 24's target for the claim path: our serial claim -> first command p50 at or under their claim -> ready p50: ${ms(p(t.ours.first, 50))} vs ${ms(p(t.theirs.ready, 50))} (${p(t.ours.first, 50) <= p(t.theirs.ready, 50) ? 'met' : 'not met'}); in bursts ${ms(p(t.oursBurst.first, 50))} vs ${ms(p(t.theirsBurst.ready, 50))} (${p(t.oursBurst.first, 50) <= p(t.theirsBurst.ready, 50) ? 'met' : 'not met'}), and our burst p99 to first command at most half of theirs: ${ms(p(t.oursBurst.first, 99))} vs ${ms(p(t.theirsBurst.first, 99))} (${p(t.oursBurst.first, 99) <= 0.5 * p(t.theirsBurst.first, 99) ? 'met' : 'not met'}).`,
-    `- Bursts of ${WARM} with ${WARM} warm boxes ready: ${t.oursBurst.cold} of our ${t.oursBurst.ready.length} claims and ${t.theirsBurst.cold} of their ${t.theirsBurst.ready.length} were served by a new pod. A new pod waits for room: ${WARM} warm boxes of each pool fill the real node's 2 allocatable cores at ${CPU}, so it is scheduled only as claimed boxes are deleted, and its first command takes seconds; such misses set the p99.`,
-    `- API writes per claim cycle (net of rest): serial ${apiOf('ours', 'serial').writes.toFixed(1)} ours vs ${apiOf('theirs', 'serial').writes.toFixed(1)} theirs, bursts ${apiOf('ours', 'burst').writes.toFixed(1)} vs ${apiOf('theirs', 'burst').writes.toFixed(1)}; the JSON lists them by verb and resource.`,
+    `- Bursts of ${WARM} with ${WARM} warm boxes ready: ${t.oursBurst.cold} of our ${t.oursBurst.ready.length} claims and ${t.theirsBurst.cold} of their ${t.theirsBurst.ready.length} were served by a new pod. A new pod (a miss, or a refill) waits for room: the real node had ${room.free}m of CPU free for the bench at the start (${room.holders}), and both pools' ${2 * WARM} warm boxes of ${CPU} take ${2 * WARM * Number(milliValue(CPU))}m of it, so a new pod is scheduled only as claimed boxes are deleted, and its first command takes seconds; misses set the p99.`,
+    `- API writes per claim cycle, all clients (net of rest): serial ${apiOf('ours', 'serial').writes.toFixed(1)} ours vs ${apiOf('theirs', 'serial').writes.toFixed(1)} theirs, bursts ${apiOf('ours', 'burst').writes.toFixed(1)} vs ${apiOf('theirs', 'burst').writes.toFixed(1)}; the JSON lists them by verb and resource.` +
+      (own ? ` The controllers' own (at the proxies): ${own.ours.toFixed(1)} ours vs ${own.theirs.toFixed(1)} theirs, which are exact; the rest of a cycle's writes are the kubelet's, the scheduler's and the garbage collector's (pod status, binding, events), about the same for both, plus whatever else ran on the cluster.` : ''),
     '- Caveats: one 2-core machine runs the API server, etcd, the kubelet, containerd, both controllers and the bench, so figures move with the load average; agent-sandbox runs without its webhooks (defaulting, validation, conversion) and with the admin kubeconfig; the API server counts include requests of anything else that used the cluster during a window.',
   ];
   return lines.join('\n');
