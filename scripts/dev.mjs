@@ -230,18 +230,12 @@ async function stop(code = 0) {
   process.exit(code);
 }
 
-function devBoxdKey() {
-  const file = join(root, '.dev/boxd-key');
-  if (existsSync(file)) return readFileSync(file, 'utf8').trim();
-  mkdirSync(join(root, '.dev'), { recursive: true });
-  const key = randomBytes(32).toString('hex');
-  writeFileSync(file, `${key}\n`, { mode: 0o600 });
-  return key;
-}
-
-/** The egress gateway's key (its key file's first line; bridge and operator sign box proxy credentials with it). */
-function devEgressKey() {
-  const file = join(root, '.dev/egress-key');
+/**
+ * A key kept in .dev/<name> between runs (made on first use): boxes, snapshots and proxy
+ * credentials made by an earlier run stay usable only if their keys stay.
+ */
+function devKey(name) {
+  const file = join(root, '.dev', name);
   if (existsSync(file)) return readFileSync(file, 'utf8').trim();
   mkdirSync(join(root, '.dev'), { recursive: true });
   const key = randomBytes(32).toString('hex');
@@ -284,16 +278,6 @@ async function startGateway(kc, kubeconfig, egressKey) {
   return gw;
 }
 
-/** The seal key of snapshot envs, kept in .dev/ so snapshots of an earlier run stay restorable. */
-function devSnapshotKey() {
-  const file = join(root, '.dev/snapshot-key');
-  if (existsSync(file)) return readFileSync(file, 'utf8').trim();
-  mkdirSync(join(root, '.dev'), { recursive: true });
-  const key = randomBytes(32).toString('hex');
-  writeFileSync(file, `${key}\n`, { mode: 0o600 });
-  return key;
-}
-
 /**
  * OBJECT_STORE_* of the local cluster's S3-compatible store (test/cluster/object-store/up.sh
  * writes them), or nothing: without a store, snapshots answer 501 and boxes never sleep.
@@ -307,7 +291,7 @@ function devObjectStore(local) {
       .filter((line) => /^OBJECT_STORE_[A-Z_]+=/.test(line))
       .map((line) => [line.slice(0, line.indexOf('=')), line.slice(line.indexOf('=') + 1)]),
   );
-  return { ...env, OBJECT_STORE_PREFIX: 'dev', SNAPSHOT_ENCRYPTION_KEY: devSnapshotKey() };
+  return { ...env, OBJECT_STORE_PREFIX: 'dev', SNAPSHOT_ENCRYPTION_KEY: devKey('snapshot-key') };
 }
 
 async function main() {
@@ -336,9 +320,9 @@ async function main() {
   const token = randomBytes(24).toString('base64url');
   // The key box credentials are derived from; boxes made by an earlier run keep theirs only
   // if the key stays, so it is kept in .dev/ between runs.
-  const boxdKey = devBoxdKey();
+  const boxdKey = devKey('boxd-key');
   const boxdImage = process.env.BOXD_IMAGE ?? 'sandbox-bridge.local/boxd:dev';
-  const egressKey = devEgressKey();
+  const egressKey = devKey('egress-key');
   const store = devObjectStore(local);
   if (!store.OBJECT_STORE_BUCKET) say('no local object store: snapshots answer 501 (run npm run cluster:up for one)');
   const common = { KUBECONFIG: kubeconfig, LOG_LEVEL: process.env.LOG_LEVEL ?? 'info', EGRESS_KEY: egressKey, ...store };
