@@ -2,6 +2,7 @@ package files
 
 import (
 	"archive/tar"
+	"bytes"
 	"compress/gzip"
 	"fmt"
 	"io"
@@ -95,18 +96,22 @@ func (a *Archive) Close() error { return a.f.Close() }
 // directories and symlinks; other types are skipped. An error after the first byte means the
 // stream is unusable: the caller aborts it. A tree that grew past the limits since it was
 // counted is such an error, found before the entry that passes them is written: the stream is
-// cut off, never ended as if whole.
+// cut off, never ended as if whole. When w is a FileWriter (and gz is off), file contents go
+// to it as files, for it to send without copying them (sendfile).
 func (a *Archive) WriteTo(w io.Writer, gz bool) error {
 	var zw *gzip.Writer
 	if gz {
 		zw, _ = gzip.NewWriterLevel(w, gzip.BestSpeed)
 		w = zw
 	}
-	out := &tarOut{w: w, tw: tar.NewWriter(w)}
+	out := &tarOut{w: w}
+	if fw, ok := w.(FileWriter); ok {
+		out.fw = fw
+	}
 	var c count
 	err := a.walk(&c, out)
 	if err == nil {
-		err = out.tw.Close()
+		_, err = w.Write(make([]byte, 2*blockSize)) // the end of the archive
 	}
 	if err == nil && zw != nil {
 		err = zw.Close()
@@ -114,10 +119,68 @@ func (a *Archive) WriteTo(w io.Writer, gz bool) error {
 	return err
 }
 
-type tarOut struct {
-	w  io.Writer // what tw writes to
-	tw *tar.Writer
+// FileWriter is a stream that takes file contents as files: WriteFile writes the next n bytes
+// of f (from its offset), and fails if f has fewer. An archive hands it the contents of files
+// of at least minFileWrite bytes this way, everything else as bytes.
+type FileWriter interface {
+	io.Writer
+	WriteFile(f *os.File, n int64) error
 }
+
+// minFileWrite: smaller contents are copied into the stream, which costs less than a call of
+// their own.
+const minFileWrite = 64 << 10
+
+// copyBuffer is the size of the reads that copy file contents into the stream.
+const copyBuffer = 256 << 10
+
+// tarOut writes the tar format: header blocks made by archive/tar (each entry's with a
+// Writer of its own, so the contents can be written around it), contents, padding, the end.
+type tarOut struct {
+	w       io.Writer
+	fw      FileWriter // w as a FileWriter, or nil
+	buf     []byte
+	scratch bytes.Buffer
+}
+
+func (o *tarOut) header(hdr *tar.Header) error {
+	o.scratch.Reset()
+	if err := tar.NewWriter(&o.scratch).WriteHeader(hdr); err != nil {
+		return err
+	}
+	_, err := o.w.Write(o.scratch.Bytes())
+	return err
+}
+
+// contents writes n bytes of f from its offset: exactly n, or an error when f has fewer (a
+// file that shrank while it was archived: a tar cannot say so otherwise).
+func (o *tarOut) contents(f *os.File, n int64) error {
+	if o.fw != nil && n >= minFileWrite {
+		return o.fw.WriteFile(f, n)
+	}
+	if o.buf == nil {
+		o.buf = make([]byte, copyBuffer)
+	}
+	// writerOnly: w's own ReadFrom (a response's) would copy through a buffer of its own.
+	m, err := io.CopyBuffer(writerOnly{o.w}, io.LimitReader(f, n), o.buf)
+	if err == nil && m < n {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// pad ends an entry's contents of n bytes at a block boundary.
+func (o *tarOut) pad(n int64) error {
+	if p := padding(n); p > 0 {
+		_, err := o.w.Write(zeroBlock[:p])
+		return err
+	}
+	return nil
+}
+
+var zeroBlock [blockSize]byte
+
+type writerOnly struct{ io.Writer }
 
 // walk goes over the archive's entries, counting each against the limits, and writes them to
 // out (nil: only counts).
@@ -168,7 +231,7 @@ func (a *Archive) entry(c *count, out *tarOut, links map[fileID]string, rel stri
 	if err := a.add(c, out, 0, 0); err != nil || out == nil {
 		return err
 	}
-	return out.tw.WriteHeader(hdr)
+	return out.header(hdr)
 }
 
 // file counts and writes a regular file: as a hard link to the entry that already holds its
@@ -179,7 +242,7 @@ func (a *Archive) file(c *count, out *tarOut, links map[fileID]string, hdr *tar.
 		if err := a.add(c, out, 0, 0); err != nil || out == nil {
 			return err
 		}
-		return out.tw.WriteHeader(hdr)
+		return out.header(hdr)
 	}
 	sparse := allocated(fi) < fi.Size()
 	var f *os.File
@@ -220,17 +283,15 @@ func (a *Archive) file(c *count, out *tarOut, links map[fileID]string, hdr *tar.
 		return nil
 	}
 	if sparse {
-		if err := out.tw.Flush(); err != nil {
-			return err
-		}
-		return writeSparse(out.w, hdr, f, ext)
+		return writeSparse(out, hdr, f, ext)
 	}
-	if err := out.tw.WriteHeader(hdr); err != nil {
+	if err := out.header(hdr); err != nil {
 		return err
 	}
-	// A file that shrank meanwhile fails here (a tar cannot say so otherwise).
-	_, err := io.CopyN(out.tw, f, hdr.Size)
-	return err
+	if err := out.contents(f, hdr.Size); err != nil {
+		return fmt.Errorf("%s changed while it was archived: %w", hdr.Name, err)
+	}
+	return out.pad(hdr.Size)
 }
 
 // add counts an entry. Counting goes on past the limits (the answer gives the whole count);

@@ -189,7 +189,7 @@ func (x *extraction) unpack(body io.Reader) error {
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
-			return nil
+			return ended(r)
 		}
 		if err != nil {
 			return errs.Invalid("not a valid tar archive: %v", err)
@@ -205,6 +205,24 @@ func (x *extraction) unpack(body io.Reader) error {
 			return err
 		}
 	}
+}
+
+// maxTrailing bounds what may follow an archive's end (tar pads archives to a whole record,
+// 10 KiB by default).
+const maxTrailing = 1 << 20
+
+// ended reads what follows the archive's end, which must end too: a body cut off there (a
+// sender that found its data corrupt and broke the transfer off) or a gzip stream whose
+// checksum fails is refused, so only an archive that arrived whole is ever moved into place.
+func ended(r io.Reader) error {
+	n, err := io.Copy(io.Discard, io.LimitReader(r, maxTrailing+1))
+	if err != nil {
+		return errs.Invalid("the upload did not end cleanly after the archive (%v); nothing was changed", err)
+	}
+	if n > maxTrailing {
+		return errs.Invalid("more than %d bytes follow the archive's end; nothing was changed", maxTrailing)
+	}
+	return nil
 }
 
 // entry checks one header and creates it in the staging directory.

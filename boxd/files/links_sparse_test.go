@@ -298,7 +298,7 @@ func TestArchiveBoundsSparseSizes(t *testing.T) {
 
 	var buf bytes.Buffer
 	hdr := &tar.Header{Name: "huge.sparse", Mode: 0o644, Size: maxLogical + 1}
-	if err := writeSparse(&buf, hdr, f, nil); err != nil {
+	if err := writeSparse(&tarOut{w: &buf}, hdr, f, nil); err != nil {
 		t.Fatal(err)
 	}
 	buf.Write(make([]byte, 1024))

@@ -84,9 +84,8 @@ func coalesce(ext []extent, max int) []extent {
 
 // writeSparse writes hdr (a regular file of hdr.Size bytes) as a PAX 1.0 sparse entry holding
 // the regions ext of f. archive/tar's Writer cannot: it drops GNU.sparse.* records
-// (golang.org/issue/22735), so the two header blocks are made here and written straight to w,
-// the stream under the tar.Writer (which must have been flushed).
-func writeSparse(w io.Writer, hdr *tar.Header, f *os.File, ext []extent) error {
+// (golang.org/issue/22735), so the two header blocks are made here.
+func writeSparse(out *tarOut, hdr *tar.Header, f *os.File, ext []extent) error {
 	// The map; a file that ends in a hole ends its map with an empty region at the end, as
 	// GNU tar writes it.
 	if len(ext) == 0 || ext[len(ext)-1].off+ext[len(ext)-1].n < hdr.Size {
@@ -120,23 +119,25 @@ func writeSparse(w io.Writer, hdr *tar.Header, f *os.File, ext []extent) error {
 		pax = append(pax, paxRecord(k, recs[k])...)
 	}
 	dir, file := path.Split(hdr.Name)
-	var out bytes.Buffer
-	out.Write(headerBlock(path.Join(dir, "PaxHeaders.0", file), 0o644, 0, 0, int64(len(pax)), mtime, tar.TypeXHeader))
-	out.Write(pax)
-	out.Write(make([]byte, padding(int64(len(pax)))))
-	out.Write(headerBlock(path.Join(dir, "GNUSparseFile.0", file), hdr.Mode, int64(hdr.Uid), int64(hdr.Gid), stored, mtime, tar.TypeReg))
-	out.Write(m)
-	if _, err := w.Write(out.Bytes()); err != nil {
+	var blocks bytes.Buffer
+	blocks.Write(headerBlock(path.Join(dir, "PaxHeaders.0", file), 0o644, 0, 0, int64(len(pax)), mtime, tar.TypeXHeader))
+	blocks.Write(pax)
+	blocks.Write(make([]byte, padding(int64(len(pax)))))
+	blocks.Write(headerBlock(path.Join(dir, "GNUSparseFile.0", file), hdr.Mode, int64(hdr.Uid), int64(hdr.Gid), stored, mtime, tar.TypeReg))
+	blocks.Write(m)
+	if _, err := out.w.Write(blocks.Bytes()); err != nil {
 		return err
 	}
 	for _, e := range ext {
-		// A file that shrank meanwhile fails here (a tar cannot say so otherwise).
-		if n, err := io.Copy(w, io.NewSectionReader(f, e.off, e.n)); err != nil || n != e.n {
-			return fmt.Errorf("%s changed while it was archived", hdr.Name)
+		_, err := f.Seek(e.off, io.SeekStart)
+		if err == nil {
+			err = out.contents(f, e.n)
+		}
+		if err != nil {
+			return fmt.Errorf("%s changed while it was archived: %w", hdr.Name, err)
 		}
 	}
-	_, err := w.Write(make([]byte, padding(stored)))
-	return err
+	return out.pad(stored)
 }
 
 func padding(n int64) int64 { return -n & (blockSize - 1) }

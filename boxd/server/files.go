@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"net/http"
 	"strconv"
+	"time"
 
 	"sandbox-bridge.io/boxd/errs"
 	"sandbox-bridge.io/boxd/files"
@@ -105,13 +106,33 @@ func (s *server) readArchive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer a.Close()
+	// What the tree held when counted; the stream never goes past the limits asked for.
+	entries, bytes := strconv.FormatInt(a.Entries, 10), strconv.FormatInt(a.Bytes, 10)
+	if !gz {
+		// Uncompressed: written onto the connection itself, file contents with sendfile.
+		if conn, rw, err := http.NewResponseController(w).Hijack(); err == nil {
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Time{}) // the server's header timeout must not cut the stream
+			_ = rw.Writer.Flush()
+			cw := newChunkedConn(conn)
+			_, err := io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/x-tar\r\nTransfer-Encoding: chunked\r\n"+
+				"X-Boxd-Archive-Entries: "+entries+"\r\nX-Boxd-Archive-Bytes: "+bytes+"\r\nConnection: close\r\n\r\n")
+			if err == nil {
+				err = a.WriteTo(cw, false)
+			}
+			if err == nil {
+				_ = cw.Close()
+			}
+			// On an error the connection closes without the last chunk: a broken transfer.
+			return
+		}
+	}
 	w.Header().Set("Content-Type", "application/x-tar")
 	if gz {
 		w.Header().Set("Content-Type", "application/gzip")
 	}
-	// What the tree held when counted; the stream never goes past the limits asked for.
-	w.Header().Set("X-Boxd-Archive-Entries", strconv.FormatInt(a.Entries, 10))
-	w.Header().Set("X-Boxd-Archive-Bytes", strconv.FormatInt(a.Bytes, 10))
+	w.Header().Set("X-Boxd-Archive-Entries", entries)
+	w.Header().Set("X-Boxd-Archive-Bytes", bytes)
 	w.WriteHeader(http.StatusOK)
 	if err := a.WriteTo(w, gz); err != nil {
 		// Mid-stream: end the response without its terminating chunk, so the client sees a
