@@ -26,8 +26,8 @@ export function authenticate(o: AuthOptions): RequestHandler {
     const match = BEARER.exec(req.headers.authorization ?? '');
     const token = match ? o.tokens.identify(match[1]!) : undefined;
     if (token) {
+      // The request's logger names the token from here on (http/request-log.ts).
       res.locals.token = token;
-      req.log = req.log?.child({ tokenName: token.name });
       return next();
     }
     o.onFailure?.(match ? 'invalid' : 'missing');
