@@ -7,12 +7,12 @@ import type { ExecService } from '../services/exec.js';
 import type { ProcessService } from '../services/processes.js';
 import { JsonBytes, sendJson } from '../http/json-stream.js';
 import { Utf8Chunks, callerSignal, ndjsonStream, wantsNdjson, writeOutput } from '../http/ndjson.js';
-import { boxIdParam, parse } from '../http/parse.js';
+import { boxIdParam, jsonBody, parse } from '../http/parse.js';
 
 export function execRoutes(deps: { exec: ExecService; processes: ProcessService }): Router {
   const { exec, processes } = deps;
   const router = Router();
-  const json = express.json({ limit: '1mb', strict: true });
+  const json = jsonBody(1024 * 1024);
   const raw = express.raw({ type: () => true, limit: '1mb' });
   const processId = (req: express.Request) => String(req.params.pid);
 
