@@ -490,12 +490,13 @@ async function main() {
     for (const stop of stops) stop();
     await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: pool }).catch(() => undefined);
     await core.deleteNamespace({ name: oursNs }).catch(() => undefined);
-    await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: `${pool}-lease`, namespace: 'default' }).catch(() => undefined);
     await objs.deleteAll();
     await core.deleteNamespace({ name: theirsNs }).catch(() => undefined);
     // Their Sandboxes go with the namespace while their controller still runs; then the CRDs.
     await waitUntil(`namespace ${theirsNs} gone`, async () => !(await core.readNamespace({ name: theirsNs }).then(() => true, () => false)), 180_000, 1_000).catch((err: unknown) => log(String(err)));
-    for (const child of children) child.kill('SIGTERM');
+    await Promise.all(children.map(stopChild));
+    // After the operator is gone: until then it renews (re-creates) its lease.
+    await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: `${pool}-lease`, namespace: 'default' }).catch(() => undefined);
     try {
       uninstallCrds(ROOT, KUBECONFIG, crds);
     } catch (err) {
@@ -559,7 +560,14 @@ function report(
     t.theirsBurst.claimsPerSecond.map((r) => r.toFixed(1)).join(', '),
     ratio(median(t.oursBurst.claimsPerSecond), median(t.theirsBurst.claimsPerSecond)),
   ]);
-  if (t.theirs.claimReady.length) rows.push(['theirs: claim -> the SandboxClaim itself Ready, serial / bursts p50', '', `${ms(median(t.theirs.claimReady))} / ${ms(median(t.theirsBurst.claimReady))}`, '']);
+  if (t.theirs.claimReady.length) {
+    rows.push([
+      `theirs: claim -> the SandboxClaim itself Ready, serial / bursts p50 (n=${t.theirs.claimReady.length} / ${t.theirsBurst.claimReady.length}: those seen before their first command was answered)`,
+      '',
+      `${ms(median(t.theirs.claimReady))} / ${ms(median(t.theirsBurst.claimReady))}`,
+      '',
+    ]);
+  }
   for (const kind of ['serial', 'burst'] as const) {
     const a = apiOf('ours', kind);
     const b = apiOf('theirs', kind);
