@@ -100,7 +100,13 @@ export async function deployGatewayOnRealNode(o: GatewayOptions): Promise<Gatewa
   // kubectl, not client-node: its models rename NetworkPolicy `from` and would drop it.
   // The Role and its binding live in the pool's namespace; the rest in the gateway's.
   for (const d of docs) if (!clusterScoped.includes(d)) d.metadata.namespace ??= namespace;
-  kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: docs }));
+  try {
+    kubectl(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: docs }));
+  } catch (err) {
+    if (!o.namespace) await deleteTestNamespace(o.kc, namespace);
+    kubectl(['delete', '-f', '-', '--ignore-not-found', '--wait=false'], JSON.stringify({ apiVersion: 'v1', kind: 'List', items: docs }));
+    throw err;
+  }
   const deployment = docs.find((d) => d.kind === 'Deployment')!;
   const service = docs.find((d) => d.kind === 'Service' && (d.spec.ports as Array<{ port: number }>).some((p) => p.port === GATEWAY_PORT))!;
   const podLabels = deployment.spec.selector.matchLabels as Record<string, string>;
