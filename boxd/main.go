@@ -25,6 +25,7 @@ import (
 	"sandbox-bridge.io/boxd/auth"
 	"sandbox-bridge.io/boxd/cabundle"
 	"sandbox-bridge.io/boxd/mounts"
+	"sandbox-bridge.io/boxd/ports"
 	"sandbox-bridge.io/boxd/process"
 	"sandbox-bridge.io/boxd/server"
 )
@@ -184,9 +185,12 @@ func serve() error {
 	if err != nil {
 		return err
 	}
+	// Ports of the box's apps, on its loopback; boxd's own port and the mounts sidecar's are not among them.
+	portProxy := ports.New(log, cfg.port, envInt("BOXD_MOUNTS_PORT", 7772))
+	defer portProxy.Close()
 	srv := &http.Server{
 		Handler: server.New(server.Config{
-			Version: version, StartedAt: time.Now(), Auth: checker, Procs: procs, Protected: protected, Log: log,
+			Version: version, StartedAt: time.Now(), Auth: checker, Procs: procs, Protected: protected, Ports: portProxy, Log: log,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       5 * time.Minute,

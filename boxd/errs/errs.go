@@ -29,6 +29,7 @@ var types = map[int]string{
 	http.StatusRequestEntityTooLarge: "payload_too_large",
 	http.StatusTooManyRequests:       "rate_limited",
 	http.StatusInternalServerError:   "internal_error",
+	http.StatusBadGateway:            "bad_gateway", // the ports route: nothing listens, or the app broke off
 }
 
 // New returns an error with the given status (one of the table's) and message.

@@ -3,9 +3,11 @@ package server
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 
 	"sandbox-bridge.io/boxd/errs"
+	"sandbox-bridge.io/boxd/ports"
 )
 
 // FenceHeader carries the epoch of the fence that refused a call (PROTOCOL.md "Fence").
@@ -97,7 +99,8 @@ func (s *server) admitted(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		mutating := r.Method != http.MethodGet || r.URL.Path == "/v1/pty"
+		// A terminal types into the box; a port reaches an app that may do anything on any method.
+		mutating := r.Method != http.MethodGet || r.URL.Path == "/v1/pty" || strings.HasPrefix(r.URL.Path, ports.Prefix)
 		done, fenced := s.gate.admit(mutating)
 		if done == nil {
 			w.Header().Set(FenceHeader, strconv.FormatUint(fenced, 10))

@@ -10,10 +10,12 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"sandbox-bridge.io/boxd/auth"
 	"sandbox-bridge.io/boxd/errs"
+	"sandbox-bridge.io/boxd/ports"
 	"sandbox-bridge.io/boxd/process"
 	"sandbox-bridge.io/boxd/reqlog"
 )
@@ -26,7 +28,9 @@ type Config struct {
 	Procs     *process.Manager
 	// Protected are directories delete refuses to touch (boxd's binary and secret mounts).
 	Protected []string
-	Log       *slog.Logger
+	// Ports serves /v1/ports/{port}/... (package ports); nil: no such route.
+	Ports http.Handler
+	Log   *slog.Logger
 }
 
 // Limits used when a request names none.
@@ -75,7 +79,23 @@ func New(cfg Config) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.NotFound("no route %s %s", r.Method, r.URL.Path))
 	})
-	return s.logged(s.authenticated(s.admitted(mux)))
+	return s.logged(s.authenticated(s.admitted(s.portsFirst(mux))))
+}
+
+// portsFirst sends /v1/ports/ to the ports proxy before the mux, which would clean the app's
+// path (a "//" or ".." redirected) and accepts only the methods it knows; every method passes.
+func (s *server) portsFirst(mux http.Handler) http.Handler {
+	if s.Ports == nil {
+		return mux
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, ports.Prefix) {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		r.Pattern = ports.Pattern // what the request log names, never the app's path
+		s.Ports.ServeHTTP(w, r)
+	})
 }
 
 func (s *server) health(w http.ResponseWriter, _ *http.Request) {

@@ -26,6 +26,7 @@ import (
 	"sandbox-bridge.io/boxd/auth"
 	"sandbox-bridge.io/boxd/frames"
 	"sandbox-bridge.io/boxd/internal/testkit"
+	"sandbox-bridge.io/boxd/ports"
 	"sandbox-bridge.io/boxd/process"
 )
 
@@ -95,9 +96,10 @@ func newBox(t *testing.T) *box {
 		t.Fatal(err)
 	}
 	logs, mu := &bytes.Buffer{}, &sync.Mutex{}
+	log := slog.New(slog.NewJSONHandler(lockedWriter{mu, logs}, nil))
 	srv := httptest.NewUnstartedServer(New(Config{
 		Version: "test", StartedAt: time.Now(), Auth: checker, Procs: procs, Protected: []string{secret},
-		Log: slog.New(slog.NewJSONHandler(lockedWriter{mu, logs}, nil)),
+		Ports: ports.New(log), Log: log,
 	}))
 	writes := &atomic.Int64{}
 	srv.Listener = countingListener{srv.Listener, writes}
