@@ -41,6 +41,22 @@ export class BoxdFencedError extends BridgeError {
 
 /** The header a fenced refusal carries: the epoch of the fence that refused it. */
 const FENCE_HEADER = 'x-boxd-fence';
+/** The ports route (PROTOCOL.md "Ports"); its answers from the app carry PROXIED_HEADER, boxd's own do not. */
+const PORT_PREFIX = '/v1/ports/';
+const PROXIED_HEADER = 'x-boxd-proxied';
+
+/** A request to a port in the box: path is the app's (escaped, with its query). */
+export interface BoxdPortRequest {
+  method: string;
+  path: string;
+  /** Headers for the app, and the X-Boxd-Port-* limits; hop-by-hop headers already removed. */
+  headers: http.OutgoingHttpHeaders;
+  /** The request body, sent once boxd admitted the request; none: no body. */
+  body?: Readable;
+}
+
+/** The app's answer (body unread), or for an upgrade it accepted, the connection to it. */
+export type BoxdPortAnswer = { res: http.IncomingMessage; upgraded?: undefined } | { res: http.IncomingMessage; upgraded: { socket: Duplex; head: Buffer } };
 
 export interface BoxdExecRequest {
   command: string;
@@ -51,6 +67,8 @@ export interface BoxdExecRequest {
   timeout_ms: number;
   max_output_bytes: number;
   max_concurrent: number;
+  /** Frames sent together rather than flushed one by one: for an answer read whole (PROTOCOL.md). */
+  coalesce?: boolean;
 }
 
 export interface BoxdExit {
@@ -170,6 +188,9 @@ type DeadlineClass = { kind: 'call' | 'transfer' | 'exec' | 'open'; totalMs?: nu
 function deadlineOf(d: BoxdDeadlines, method: string, path: string, query: Query | undefined, json: unknown): DeadlineClass {
   if (path === '/v1/exec') return { kind: 'exec', totalMs: Number((json as { timeout_ms?: number } | undefined)?.timeout_ms ?? 0) + EXEC_GRACE_MS };
   if (path === '/v1/pty') return { kind: 'open' };
+  // Port traffic may legitimately stay open (a WebSocket, server-sent events, a long poll): the
+  // idle probe watches boxd, the port service bounds the app's first byte and quiet periods.
+  if (path.startsWith(PORT_PREFIX)) return { kind: 'open' };
   if (/^\/v1\/processes\/[^/]+\/output$/.test(path)) return query?.follow ? { kind: 'open' } : { kind: 'transfer', totalMs: d.transferMs };
   if (path.startsWith('/v1/files') || path === '/v1/archive') return { kind: 'transfer', totalMs: d.transferMs };
   return { kind: 'call', totalMs: d.callMs };
@@ -312,6 +333,44 @@ export class BoxdClient {
       body,
       ...(opts.contentLength !== undefined ? { contentLength: opts.contentLength } : {}),
       signal: opts.signal,
+    });
+  }
+
+  /**
+   * A request to a port an app in the box listens on (PROTOCOL.md "Ports"). Resolves with the
+   * app's answer, whatever its status, or the upgraded connection; boxd's own refusals (a fence,
+   * the box's connection bound, nothing listening) reject like every call's errors. A body is
+   * sent only once boxd admitted the request (100-continue), so a refused request leaves it unread
+   * and may be sent again.
+   */
+  toPort(t: BoxdTarget, port: number, r: BoxdPortRequest, signal?: AbortSignal): Promise<BoxdPortAnswer> {
+    return new Promise((resolve, reject) => {
+      const headers = { ...r.headers, ...(r.body ? { expect: '100-continue' } : {}) };
+      const req = this.request(t, r.method, `${PORT_PREFIX}${port}${r.path}`, undefined, signal, headers, reject);
+      let continued = false;
+      const own = (res: http.IncomingMessage) => {
+        // boxd's own answer: an error. Its request was refused before its body went: the socket goes.
+        const done = r.body && !continued ? () => req.destroy() : () => undefined;
+        if (res.statusCode === 404) {
+          res.resume();
+          done();
+          return reject(new BridgeError('conflict', `box ${t.box} has an agent older than the ports route; create a new box`));
+        }
+        void errorOf(res, t.box).then(reject, reject).finally(done);
+      };
+      req.on('response', (res) => (res.headers[PROXIED_HEADER] === '1' ? resolve({ res }) : own(res)));
+      req.on('upgrade', (res, socket, head) => {
+        if (res.headers[PROXIED_HEADER] === '1') return resolve({ res, upgraded: { socket, head } });
+        socket.destroy();
+        reject(new BridgeError('internal_error', `box ${t.box} switched protocols without its app`));
+      });
+      if (!r.body) return void req.end();
+      const body = r.body;
+      body.on('error', (err) => req.destroy(err));
+      req.once('continue', () => {
+        continued = true;
+        body.pipe(req);
+      });
     });
   }
 

@@ -1,6 +1,6 @@
 // The piecewise JSON writer gives exactly JSON.stringify's text for any bytes and chunking.
 import { randomBytes } from 'node:crypto';
-import { JsonBytes, jsonPieces } from './json-stream.js';
+import { JsonBytes, jsonPieces, jsonText } from './json-stream.js';
 
 const split = (bytes: Buffer, sizes: number[]): Buffer[] => {
   const out: Buffer[] = [];
@@ -38,4 +38,12 @@ test('no piece is much larger than the 32 KiB piece it encodes, and an empty doc
   const pieces = [...jsonPieces({ stdout: new JsonBytes([Buffer.alloc(1024 * 1024)], 'utf8') })];
   expect(Math.max(...pieces.map((p) => p.length))).toBeLessThanOrEqual(6 * 32 * 1024);
   expect([...jsonPieces({})].join('')).toBe('{}');
+});
+
+test.each(samples)('a small document of %s at once is the same text as its pieces', (_name, bytes) => {
+  for (const cut of [0, 1, 3, 32 * 1024]) {
+    const part = bytes.subarray(0, Math.min(cut, bytes.length));
+    const doc = { exit_code: 0, stdout: new JsonBytes(split(part, [5, 7]), 'utf8'), stderr: new JsonBytes([], 'utf8'), content: new JsonBytes(split(part, [2]), 'base64'), skipped: undefined, ok: true };
+    expect(jsonText(doc)).toBe([...jsonPieces(doc)].join(''));
+  }
 });

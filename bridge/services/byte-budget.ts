@@ -23,6 +23,14 @@ export const HOLD_BYTES = {
    */
   frames: 1.5 * MiB,
   /**
+   * An exec's relay (answered whole or streamed): boxd's exec frames carry at most 32 KiB of
+   * output, and the relay refuses any over EXEC_FRAME_LIMIT (64 KiB), so: a frame being
+   * assembled together with the chunk it arrived in (128 KiB), what the response from boxd
+   * buffers meanwhile (its 64 KiB high-water mark), and one encoded output line, or the JSON of
+   * an answer sent in one piece (at most 6 bytes per byte of 32 KiB).
+   */
+  exec: 384 * KiB,
+  /**
    * A terminal: a frame from boxd being assembled, the WebSocket's send buffer up to its high
    * watermark plus what one chunk adds, and one message from the caller (up to 1 MiB) on its
    * way to boxd.

@@ -7,7 +7,7 @@
 import type { IncomingMessage } from 'node:http';
 import { BridgeError, ERROR_STATUS, type ErrorType } from '../../common/errors.js';
 import type { BoxdClient, BoxdExit } from '../../common/boxd-client.js';
-import { FRAME, frameJson, readFrames } from '../boxd/frames.js';
+import { FRAME, consumeFrames, frameJson } from '../boxd/frames.js';
 import type { ExecRequest } from '../schemas.js';
 import type { BoxConnector } from './box-connector.js';
 import { resolvePath } from './box-paths.js';
@@ -44,6 +44,12 @@ export interface ExecAnswer {
   release(): void;
 }
 
+/**
+ * The largest frame an exec relay accepts: boxd's exec output frames carry at most 32 KiB
+ * (PROTOCOL.md), and what the relay holds is reserved by that bound (HOLD_BYTES.exec).
+ */
+export const EXEC_FRAME_LIMIT = 64 * 1024;
+
 /** A stream that ends without its exit frame: how long to wait for the watch to say the box is gone. */
 const GONE_GRACE_MS = 2000;
 
@@ -57,10 +63,11 @@ export class ExecService {
    * signal: the caller went away; boxd then kills the command (its connection closes).
    */
   async run(boxId: string, req: ExecRequest, signal?: AbortSignal): Promise<ExecAnswer> {
-    const hold = this.deps.budget.reserve(HOLD_BYTES.frames, 'exec', 'an exec');
+    const hold = this.deps.budget.reserve(HOLD_BYTES.exec, 'exec', 'an exec');
     try {
       const out = { stdout: new HeldBytes(hold, this.deps.outputLimit), stderr: new HeldBytes(hold, this.deps.outputLimit) };
-      const exit = await this.execute(boxId, req, (stream, data) => out[stream].push(data), signal);
+      // Read whole: boxd need not flush frame by frame.
+      const exit = await this.execute(boxId, req, (stream, data) => out[stream].push(data), { signal, coalesce: true });
       return {
         exit_code: exit.exit_code,
         stdout: out.stdout.chunks(),
@@ -79,15 +86,20 @@ export class ExecService {
 
   /** Runs the command, handing output to sink as it comes; resolves with how it ended. */
   async stream(boxId: string, req: ExecRequest, sink: OutputSink, opts: { signal?: AbortSignal; onStart?: () => void } = {}): Promise<BoxdExit> {
-    const hold = this.deps.budget.reserve(HOLD_BYTES.frames, 'output', 'a streamed exec');
+    const hold = this.deps.budget.reserve(HOLD_BYTES.exec, 'output', 'a streamed exec');
     try {
-      return await this.execute(boxId, req, sink, opts.signal, opts.onStart);
+      return await this.execute(boxId, req, sink, { ...opts, coalesce: false });
     } finally {
       hold.release();
     }
   }
 
-  private async execute(boxId: string, req: ExecRequest, sink: OutputSink, signal?: AbortSignal, onStart?: () => void): Promise<BoxdExit> {
+  private async execute(
+    boxId: string,
+    req: ExecRequest,
+    sink: OutputSink,
+    { signal, onStart, coalesce }: { signal?: AbortSignal | undefined; onStart?: (() => void) | undefined; coalesce: boolean },
+  ): Promise<BoxdExit> {
     const started = performance.now();
     const cwd = resolvePath(req.workdir, 'workdir');
     let outcome: ExecOutcome = 'error';
@@ -106,6 +118,7 @@ export class ExecService {
               timeout_ms: req.timeoutMs,
               max_output_bytes: this.deps.outputLimit,
               max_concurrent: this.deps.maxExecsPerBox(),
+              ...(coalesce ? { coalesce } : {}),
             },
             boxSignal,
           );
@@ -131,13 +144,17 @@ export class ExecService {
 async function relayOutput(res: IncomingMessage, sink: OutputSink, boxSignal: AbortSignal, boxId: string, onStart?: () => void): Promise<BoxdExit> {
   let exit: BoxdExit | undefined;
   try {
-    for await (const frame of readFrames(res)) {
-      if (frame.type === FRAME.start) onStart?.();
-      else if (frame.type === FRAME.stdout) await sink('stdout', frame.payload);
-      else if (frame.type === FRAME.stderr) await sink('stderr', frame.payload);
-      else if (frame.type === FRAME.exit) exit = frameJson<BoxdExit>(frame);
-      else if (frame.type === FRAME.error) throw frameError(frame.payload);
-    }
+    await consumeFrames(
+      res,
+      (frame) => {
+        if (frame.type === FRAME.start) onStart?.();
+        else if (frame.type === FRAME.stdout) return sink('stdout', frame.payload);
+        else if (frame.type === FRAME.stderr) return sink('stderr', frame.payload);
+        else if (frame.type === FRAME.exit) exit = frameJson<BoxdExit>(frame);
+        else if (frame.type === FRAME.error) throw frameError(frame.payload);
+      },
+      EXEC_FRAME_LIMIT,
+    );
   } catch (err) {
     if (boxSignal.aborted) throw boxSignal.reason;
     if (err instanceof BridgeError) throw err;
