@@ -242,6 +242,30 @@ func (b *Box) openPath(p string, r reach) (*os.File, fs.FileInfo, error) {
 	return f, fi, nil
 }
 
+// OpenWatched opens p for a file watch (package watch): resolved and checked as a listing
+// (recursive: as a tree) and opened as O_PATH, checked again on what was opened. The watch is
+// put on what the descriptor names, so what was checked is what is watched. It answers p
+// cleaned, the descriptor and what it names.
+func (b *Box) OpenWatched(p string, recursive bool) (string, *os.File, fs.FileInfo, error) {
+	r := entries
+	if recursive {
+		r = tree
+	}
+	p, err := b.resolve(p, r)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	f, fi, err := b.openPath(p, r)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if b.isOwn(fi) {
+		_ = f.Close()
+		return "", nil, nil, forbidden("%s is boxd's own directory (%s): no file route reaches it", p, ownWhat)
+	}
+	return p, f, fi, nil
+}
+
 // openDir opens the directory p (following symlinks) and checks what it reached.
 func (b *Box) openDir(p string, r reach) (*os.File, error) {
 	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
