@@ -41,6 +41,15 @@ export const ANNOTATIONS = {
   createdAt: `${API_GROUP}/created-at`,
   /** On a warm pod: the digest of the template it was made from (common/box-pod.ts). */
   warmTemplate: `${API_GROUP}/warm-template`,
+  /** On a warm seat (common/seats.ts): the name of the warm pod it was made for, so no one takes a later pod's seat for it. */
+  warmPod: `${API_GROUP}/warm-pod`,
+  /** On a warm pod: the key of the warm shape it was made for (common/warm-shapes.ts). */
+  warmShape: `${API_GROUP}/warm-shape`,
+  /**
+   * On a box pod: the key of the warm shape that served, or would have served, its create (claimed
+   * or made cold for want of one): what sizes that shape's warm pool by recent demand.
+   */
+  warmDemand: `${API_GROUP}/warm-demand`,
   /**
    * On a box pod: RFC 3339 instant of the last bridge call, written at most every few seconds
    * (bridge/services/box-connector.ts); a call that meets a sleep's fence writes it at once.
@@ -83,13 +92,21 @@ export const ANNOTATIONS = {
   memoryMount: `${API_GROUP}/memory-mount-`,
   /** On a box pod: "true" when it has the memory-store sidecar (the bridge's pod cache keeps no init containers). */
   memoryStores: `${API_GROUP}/memory-stores`,
+  /**
+   * On a box's record: its preview generation (a number, absent: 0). Preview links carry the one
+   * they were made under; revoking the box's links moves it on (bridge/services/ports.ts).
+   */
+  previewGeneration: `${API_GROUP}/preview-generation`,
 } as const;
 
 /** app.kubernetes.io/component values of the Secrets boxes use. */
 export const SECRET_COMPONENTS = {
   /** A box's record, named after the box: the session slot it holds, its env, a cold pod's credential. */
   record: 'box-record',
-  /** A warm pod's own credential (and empty env), owned by the pod. */
+  /**
+   * A warm pod's own credential (and empty env), owned by the pool: named box-seat-<n>, it is
+   * also the seat the warm pod holds (common/seats.ts). Older warm pods' are named <pod>-boxd.
+   */
   credential: 'box-credential',
   /** One of the pool's maxBoxes seats, owned by the record of the box holding it. */
   seat: 'box-seat',
@@ -111,6 +128,12 @@ export function sessionHash(sessionId: string): string {
 /** The Secret that is seat n of a pool's namespace. */
 export function seatName(n: number): string {
   return `box-seat-${n}`;
+}
+
+/** The seat a Secret's name stands for (box-seat-<n>), or undefined. */
+export function seatNumberOf(name: string | undefined): number | undefined {
+  const m = /^box-seat-(\d+)$/.exec(name ?? '');
+  return m ? Number(m[1]) : undefined;
 }
 
 export function boxName(prefix: string, sessionId: string, slot: number): string {
