@@ -447,12 +447,18 @@ function slim<T extends k8s.KubernetesObject & { spec?: unknown; status?: unknow
   if (obj.data !== undefined) obj.data = undefined;
   if (obj.stringData !== undefined) obj.stringData = undefined;
   if (obj.spec !== undefined) obj.spec = undefined;
-  const status = obj.status as { phase?: string; podIP?: string; conditions?: Array<{ type: string; status: string }> } | undefined;
+  const status = obj.status as { phase?: string; podIP?: string; conditions?: Array<{ type: string; status: string; reason?: string }> } | undefined;
   if (status && typeof status === 'object') {
     // The Ready condition tells warm boxes that can be claimed (operator/warm-pool.ts); the pod
-    // IP is where idle sleep reaches the box's boxd (operator/idle-sleep.ts).
+    // IP is where idle sleep reaches the box's boxd (operator/idle-sleep.ts); a box the scheduler
+    // found no room for makes warm boxes yield to it (PodScheduled False, Unschedulable).
     const ready = status.conditions?.find((c) => c.type === 'Ready');
-    obj.status = { phase: status.phase, ...(status.podIP ? { podIP: status.podIP } : {}), ...(ready ? { conditions: [{ type: 'Ready', status: ready.status }] } : {}) } as T['status'];
+    const unscheduled = status.conditions?.find((c) => c.type === 'PodScheduled' && c.status === 'False');
+    const conditions = [
+      ...(ready ? [{ type: 'Ready', status: ready.status }] : []),
+      ...(unscheduled ? [{ type: 'PodScheduled', status: 'False', reason: unscheduled.reason }] : []),
+    ];
+    obj.status = { phase: status.phase, ...(status.podIP ? { podIP: status.podIP } : {}), ...(conditions.length ? { conditions } : {}) } as T['status'];
   }
   return obj;
 }
