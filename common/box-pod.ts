@@ -221,6 +221,8 @@ export interface SessionBox {
   expiresAt?: Date;
   /** A pod made for a wake: not to be served until the waker commits it (ANNOTATIONS.restoring). */
   restoring?: boolean;
+  /** The warm shape (its key, common/warm-shapes.ts) that serves, or would have served, a create of this box's shape: its demand. */
+  warmDemand?: string | undefined;
 }
 
 /**
@@ -247,6 +249,7 @@ export function sessionMetadata(s: SessionBox): Required<Pick<V1ObjectMeta, 'lab
       // Idle sleep counts from here until a call through the bridge moves it on.
       [ANNOTATIONS.lastActive]: s.now.toISOString(),
       ...(s.restoring ? { [ANNOTATIONS.restoring]: 'true' } : {}),
+      ...(s.warmDemand ? { [ANNOTATIONS.warmDemand]: s.warmDemand } : {}),
     },
     ownerReferences: [owner],
   };
@@ -276,17 +279,19 @@ export function warmShape(spec: SandboxPoolSpec): BoxShape {
 }
 
 /**
- * A digest of everything a warm pod is made from: a pool edit or a new boxd image changes it,
- * and the operator then replaces warm pods of the old template, and claims skip them.
+ * A digest of everything a warm pod of a shape (default: the pool's default shape) is made from:
+ * a pool edit or a new boxd image changes it, and the operator then replaces warm pods of the old
+ * template, and claims skip them.
  */
-export function warmTemplateHash(spec: SandboxPoolSpec, boxdImage: string): string {
+export function warmTemplateHash(spec: SandboxPoolSpec, boxdImage: string, shape: BoxShape = warmShape(spec)): string {
   const { box } = spec;
   const template = {
-    shape: warmShape(spec),
+    shape,
     workspace: box.workspaceSizeLimit,
     tmp: box.tmpSizeLimit,
-    // The volumes a box has beyond its policy's (warm pods of an older layout are replaced).
-    layout: [SESSION_OUTPUTS_DIR, SESSION_OUTPUTS_SIZE_LIMIT],
+    // The volumes a box has beyond its policy's, and that a warm pod holds a seat of its own
+    // (common/seats.ts): warm pods of an older layout are replaced.
+    layout: [SESSION_OUTPUTS_DIR, SESSION_OUTPUTS_SIZE_LIMIT, 'warm-seat'],
     memoryStores: box.memoryStores?.enabled ? box.memoryStores.sizeLimit : null,
     nodeSelector: box.nodeSelector ?? null,
     tolerations: box.tolerations ?? null,

@@ -124,6 +124,24 @@ export interface WarmPolicy {
   minAvailable?: number;
   /** Runtime class of the warm boxes (must be allowed); a create names it to be served warm. */
   runtimeClassName?: string;
+  /**
+   * More shapes to keep warm besides the default one (count above), each with its own count (and
+   * max, sized by that shape's recent demand). A create of another shape with the same image and
+   * runtime class claims one and has it resized in place (docs/warm-pool.md "Shapes").
+   */
+  shapes?: WarmShapePolicy[];
+}
+
+/** One entry of spec.warm.shapes: fields left out take the pool's defaults (box.defaultImage, defaultCpu, defaultMemory, warm.runtimeClassName). */
+export interface WarmShapePolicy {
+  image?: string;
+  /** Cores, a Kubernetes quantity ("500m"), within box.maxCpu. */
+  cpu?: string;
+  /** Bytes, a Kubernetes quantity ("1Gi"), within box.maxMemory. */
+  memory?: string;
+  runtimeClassName?: string;
+  count: number;
+  max?: number;
 }
 
 /**

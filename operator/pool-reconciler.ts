@@ -5,7 +5,9 @@ import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
 import type { PartialObjectMetadata } from '../common/informer.js';
 import { apiMessage, apiStatusCode, isConflict, isNotFound, makeApiClient } from '../common/kube.js';
-import { LABELS, SECRET_COMPONENTS } from '../common/labels.js';
+import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, seatName, seatNumberOf } from '../common/labels.js';
+import { sleptBoxOf } from '../common/box-pod.js';
+import { seatOf } from '../common/seats.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, type SandboxPool, type SandboxPoolStatus } from '../common/pool.js';
 import { countBoxes, type SeenBox } from './box-counter.js';
 import { desiredChildren, isUpToDate, type Child } from './children.js';
@@ -14,7 +16,8 @@ import type { EventRecorder } from './events.js';
 import type { OperatorMetrics } from './metrics.js';
 import { planReaps, type Reap } from './reaper.js';
 import { sameStatus, setConditions, type ConditionInput } from './status.js';
-import { WarmPods, planWarm } from './warm-pool.js';
+import { WarmPods, freeSeats, planWarm, starving, type ShapeInput } from './warm-pool.js';
+import { DEFAULT_SHAPE, warmShapes } from '../common/warm-shapes.js';
 
 export const FIELD_MANAGER = 'sandbox-bridge-operator';
 
@@ -91,6 +94,8 @@ export class SeenBoxes {
 }
 
 const NAMESPACE_RETRY_MS = 2000;
+/** How long a box the scheduler found no room for waits after a warm pod yielded to it before the next one does. */
+const YIELD_EVERY_MS = 3000;
 
 export class PoolReconciler {
   private readonly core: k8s.CoreV1Api;
@@ -99,6 +104,8 @@ export class PoolReconciler {
   private readonly now: () => number;
   /** Deletes sent and not yet seen in the cache: uid -> when sent. */
   private readonly deleting = new Map<string, number>();
+  /** Boxes the scheduler found no room for, by pod uid -> when a warm pod last yielded to it. */
+  private readonly yielded = new Map<string, number>();
   private readonly warmPods: WarmPods | undefined;
   private readonly egressCa: EgressCaKeeper;
   /** Pools told once that they ask for warm boxes this operator cannot make. */
@@ -327,7 +334,7 @@ export class PoolReconciler {
 
   private async deleteOne(reap: Reap): Promise<void> {
     // The uid precondition keeps a delete from hitting a new box that reuses the name.
-    const body: k8s.V1DeleteOptions = { preconditions: { uid: reap.uid }, propagationPolicy: 'Background' };
+    const body: k8s.V1DeleteOptions = { preconditions: { uid: reap.uid, ...(reap.resourceVersion ? { resourceVersion: reap.resourceVersion } : {}) }, propagationPolicy: 'Background' };
     if (reap.kind === 'Pod') await this.core.deleteNamespacedPod({ name: reap.name, namespace: reap.namespace, body });
     else await this.core.deleteNamespacedSecret({ name: reap.name, namespace: reap.namespace, body });
   }
@@ -338,11 +345,11 @@ export class PoolReconciler {
    */
   private async keepWarm(pool: SandboxPool, active: number, log: Logger): Promise<{ status: WarmStatus; requeueAfterMs?: number; error?: string }> {
     const { warm } = pool.spec;
-    const wantsWarm = warm.count > 0 || (warm.max ?? 0) > 0;
+    const shapes = warmShapes(pool.spec);
     const ns = pool.spec.namespace;
     const pods = this.o.caches.pods.list(ns).filter((p) => p.metadata?.labels?.[LABELS.warm] === pool.metadata.name);
     if (!this.warmPods) {
-      if (wantsWarm && !this.warnedNoBoxd.has(pool.metadata.name)) {
+      if (shapes.length && !this.warnedNoBoxd.has(pool.metadata.name)) {
         this.warnedNoBoxd.add(pool.metadata.name);
         log.warn('the pool asks for warm boxes, but this operator has no BOXD_IMAGE and BOXD_KEY to make them');
       }
@@ -350,35 +357,79 @@ export class PoolReconciler {
     }
     const now = this.now();
     const since = now - warm.windowSeconds * 1000;
-    let recentCreates = 0;
-    for (const s of this.o.caches.secrets.list(ns)) {
-      if (s.metadata?.labels?.[LABELS.component] !== SECRET_COMPONENTS.record) continue;
-      if (new Date(s.metadata.creationTimestamp ?? 0).getTime() >= since) recentCreates++;
+    let recordsCreated = 0;
+    // Recent demand per warm shape: box pods made in the window, by the shape that served or
+    // would have served them (their warm-demand annotation, written by the bridge).
+    const demand = new Map<string, number>();
+    // Seats held as far as the caches show (common/seats.ts): by pods, sleeping boxes and warm seats.
+    const held = new Set<number>();
+    let sleeping = 0;
+    for (const p of this.o.caches.pods.list(ns)) {
+      const seat = seatOf(p);
+      if (seat !== undefined) held.add(seat);
+      const served = p.metadata?.annotations?.[ANNOTATIONS.warmDemand];
+      if (served && Date.parse(p.metadata?.annotations?.[ANNOTATIONS.createdAt] ?? '') >= since) demand.set(served, (demand.get(served) ?? 0) + 1);
     }
-    const template = this.warmPods.template(pool);
-    const plan = planWarm({ pool, template, pods: pods.filter((p) => !this.deleting.has(p.metadata?.uid ?? '')), active, recentCreates, now });
+    for (const s of this.o.caches.secrets.list(ns)) {
+      const component = s.metadata?.labels?.[LABELS.component];
+      const warmSeat = component === SECRET_COMPONENTS.credential ? seatNumberOf(s.metadata?.name) : undefined;
+      if (warmSeat !== undefined) held.add(warmSeat);
+      if (component !== SECRET_COMPONENTS.record) continue;
+      if (new Date(s.metadata?.creationTimestamp ?? 0).getTime() >= since) recordsCreated++;
+      const state = s.metadata?.labels?.[LABELS.sleep];
+      const seat = sleptBoxOf(s as k8s.V1Secret)?.seat;
+      if (state && state !== 'failed') {
+        sleeping++;
+        if (seat !== undefined) held.add(seat);
+      }
+    }
+    const inputs: ShapeInput[] = shapes.map((w) => ({
+      id: w.id,
+      template: this.warmPods!.template(pool, w.shape),
+      count: w.count,
+      max: w.max,
+      // The single form: every create counts, as before there were shapes (any create is served
+      // by the default shape, resized if need be).
+      recentCreates: shapes.length === 1 && w.id === DEFAULT_SHAPE ? Math.max(recordsCreated, demand.get(w.id) ?? 0) : (demand.get(w.id) ?? 0),
+      ...(w.id === DEFAULT_SHAPE ? { minAvailable: warm.minAvailable } : {}),
+    }));
+    // Boxes the scheduler found no room for: each gets one warm pod out of its way, then as many
+    // seconds for the scheduler to try again before the next (a level-based retry, not a storm).
+    const starvingBoxes = this.o.caches.pods.list(ns).filter(starving);
+    for (const [uid, at] of this.yielded) if (now - at > 60_000) this.yielded.delete(uid);
+    const due = starvingBoxes.filter((p) => now - (this.yielded.get(p.metadata!.uid!) ?? 0) >= YIELD_EVERY_MS);
+    const cpuOf = new Map(shapes.map((w) => [w.id, w.shape.cpuCores]));
+    const plan = planWarm({ pool, shapes: inputs, pods: pods.filter((p) => !this.deleting.has(p.metadata?.uid ?? '')), active, sleeping, starving: due.length, cpuOf, now });
+    for (const p of due) this.yielded.set(p.metadata!.uid!, now);
+    const seats = freeSeats(pool.spec.maxBoxes, held);
     const failures: string[] = [];
+    const warmSeat = (pod: k8s.V1Pod) => {
+      const n = seatOf(pod);
+      return n === undefined ? undefined : this.o.caches.secrets.get(seatName(n), ns);
+    };
     for (const { pod, reason } of plan.remove) {
       try {
-        await this.warmPods.remove(pod);
+        const seat = warmSeat(pod);
+        await this.warmPods.remove(pod, seat?.metadata?.labels?.[LABELS.component] === SECRET_COMPONENTS.credential ? seat : undefined);
         this.deleting.set(pod.metadata!.uid!, now);
         log.info({ pod: pod.metadata?.name, reason }, 'warm box let go');
       } catch (err) {
         if (!isNotFound(err) && !isConflict(err)) failures.push(`remove ${pod.metadata?.name}: ${apiMessage(err)}`);
       }
     }
-    await mapLimit(Array.from({ length: plan.create }), 4, async () => {
+    const starts = plan.shapes.flatMap((p) => Array.from({ length: p.create }, () => ({ plan: p, warm: shapes.find((w) => w.id === p.id)! })));
+    await mapLimit(starts, 4, async ({ plan: p, warm: w }) => {
       try {
-        await this.warmPods!.start(pool, template);
+        await this.warmPods!.start(pool, p.template, seats, w);
       } catch (err) {
         failures.push(`start: ${apiMessage(err)}`);
       }
     });
-    if (plan.create) log.info({ started: plan.create - failures.length, desired: plan.desired, ready: plan.ready }, 'warm boxes started');
+    if (starts.length) log.info({ started: starts.length - failures.length, desired: plan.desired, ready: plan.ready }, 'warm boxes started');
     this.o.metrics.warmReady.set({ pool: pool.metadata.name }, plan.ready);
     // Sized by recent creates: look again when the window has moved on.
-    const resize = warm.max !== undefined && warm.max > warm.count ? warm.windowSeconds * 1000 : undefined;
-    const retry = failures.length ? 2000 : undefined;
+    const resize = shapes.some((w) => w.max !== undefined && w.max > w.count) ? warm.windowSeconds * 1000 : undefined;
+    const retry = failures.length ? 2000 : starvingBoxes.length ? YIELD_EVERY_MS : undefined;
     const requeueAfterMs = retry ?? resize;
     return {
       status: { warmReady: plan.ready, warmDesired: plan.desired },

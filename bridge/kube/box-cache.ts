@@ -300,6 +300,8 @@ export function trimPod(pod: k8s.V1Pod): void {
             name: c.name,
             restartCount: c.restartCount,
             ready: c.ready,
+            // An in-place resize is done when the kubelet reports these (bridge/services/warm-claims.ts).
+            ...(c.resources?.limits ? { resources: { limits: { cpu: c.resources.limits.cpu, memory: c.resources.limits.memory } } } : {}),
             state: {
               running: c.state?.running ? {} : undefined,
               waiting: c.state?.waiting ? { reason: c.state.waiting.reason, message: c.state.waiting.message } : undefined,

@@ -4,11 +4,13 @@
 // controller recounts pods from a cache, and a recount while creates are in flight (as boxes are
 // deleted or warm pods given up) can undercount and admit more pods than the quota holds.
 //
-// A seat is owned by its box's record, so deleting the record frees the seat (garbage
-// collection). Seats carry no box label: the operator's reaper never sees them.
-import type * as k8s from '@kubernetes/client-node';
+// A seat taken here is owned by its box's record, so deleting the record frees the seat (garbage
+// collection). Such seats carry no box label: the operator's reaper never sees them. Warm pods
+// hold seats of their own, made by the operator (common/seats.ts): a claim keeps the pod's seat.
+import * as k8s from '@kubernetes/client-node';
 import { BridgeError } from '../../common/errors.js';
 import { LABELS, MANAGED_BY, SECRET_COMPONENTS, seatName } from '../../common/labels.js';
+import { adoptionPatch, isWarmSeatOf, ownedBy, recordOwner } from '../../common/seats.js';
 import type { KubeCall } from './instrument.js';
 
 /** Seats tried before a create is refused: each lost race costs one API call. */
@@ -42,7 +44,7 @@ export class BoxSeats {
           name: seatName(n),
           namespace: this.namespace,
           labels: { [LABELS.managedBy]: MANAGED_BY, [LABELS.component]: SECRET_COMPONENTS.seat, [LABELS.pool]: poolName },
-          ownerReferences: [{ apiVersion: 'v1', kind: 'Secret', name: record.name, uid: record.uid, blockOwnerDeletion: false }],
+          ownerReferences: [recordOwner(record)],
         },
       };
       try {
@@ -54,5 +56,38 @@ export class BoxSeats {
       }
     }
     return undefined;
+  }
+
+  /**
+   * Makes warm seat n the record's: for a create that gave up an unclaimed warm pod (deleted,
+   * guarded by its version, so it can no longer be claimed) to get its seat. True when the seat is
+   * now the record's; false when it is gone (the reaper was first: the number is free again) or
+   * is not that pod's warm seat (freed and taken again for a later warm pod meanwhile).
+   */
+  async adoptWarm(n: number, podName: string, record: { name: string; uid: string }): Promise<boolean> {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      let seat: k8s.V1Secret;
+      try {
+        seat = await this.call('read box seat', () => this.core.readNamespacedSecret({ name: seatName(n), namespace: this.namespace }));
+      } catch (err) {
+        if (err instanceof BridgeError && err.type === 'not_found') return false;
+        throw err;
+      }
+      if (ownedBy(seat, record.uid)) return true;
+      if (!isWarmSeatOf(seat, podName)) return false;
+      try {
+        await this.call('adopt box seat', () =>
+          this.core.patchNamespacedSecret(
+            { name: seatName(n), namespace: this.namespace, body: adoptionPatch(seat, record, true) },
+            k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
+          ),
+        );
+        return true;
+      } catch (err) {
+        if (err instanceof BridgeError && err.type === 'not_found') return false;
+        if (!(err instanceof BridgeError && err.type === 'conflict')) throw err;
+      }
+    }
+    return false;
   }
 }

@@ -12,11 +12,11 @@ import type * as k8s from '@kubernetes/client-node';
 import { BOXD_NONCE_ANNOTATION, boxdToken, newNonce } from '../../common/boxd.js';
 import { checkBoxAllow } from '../../common/box-egress.js';
 import { egressProxyCredential } from '../../common/egress-proxy.js';
-import { buildSessionBoxPod, warmShape, warmTemplateHash, type BoxShape, type SessionBox } from '../../common/box-pod.js';
+import { buildSessionBoxPod, warmTemplateHash, type BoxShape, type SessionBox } from '../../common/box-pod.js';
 import { BridgeError } from '../../common/errors.js';
 import { ANNOTATIONS, LABELS, boxName, sessionHash } from '../../common/labels.js';
 import type { SandboxPoolSpec } from '../../common/pool.js';
-import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js';
+import { parseQuantity } from '../../common/quantity.js';
 import { stateOf } from '../../common/box-lease.js';
 import { boxIdOf, boxStatus, podlessStatus, sleepingStatus, sleptBoxOf } from '../box-view.js';
 import type { BoxdClient } from '../../common/boxd-client.js';
@@ -24,16 +24,21 @@ import type { BoxReader } from '../kube/box-cache.js';
 import type { BoxRecords } from '../../common/box-records.js';
 import type { SleepingReader } from '../kube/sleeping-records.js';
 import type { BoxSeats } from '../kube/box-seats.js';
+import type { NodeReader } from '../kube/node-cache.js';
 import type { KubeCall } from '../kube/instrument.js';
 import type { PolicySource } from '../kube/policy.js';
 import { BOX_ID, type CreateBoxRequest } from '../schemas.js';
-import { Expiring, WarmClaims, type MissReason } from './warm-claims.js';
+import { Expiring, WarmClaims, type ClaimSource, type MissReason } from './warm-claims.js';
+import { warmChoices } from '../../common/warm-shapes.js';
+import { seatOf } from '../../common/seats.js';
 
 const MiB = 1024 * 1024;
 /** An Idempotency-Key names the same box for this long (DESIGN.md). */
 const IDEMPOTENCY_WINDOW_MS = 24 * 3600 * 1000;
 /** Deletes this replica sent recently, by pod UID (a sleeping box: its record's UID): answered 404 before the watch shows them. */
 const RECENT_DELETES = 10_000;
+/** Seat takes retried while a seat or two are held by what the watches do not show (150 ms doubling: ~1 s). */
+const SEAT_RETRIES = 3;
 /** Creates retried while the quota controller counts out pods that are gone (150 ms doubling: ~9.5 s). */
 const QUOTA_RETRIES = 6;
 /**
@@ -69,6 +74,8 @@ export interface BoxServiceDeps {
   boxdImage: string;
   namespace: string;
   namePrefix: string;
+  /** Nodes (allocatable): the room a warm box resized at its claim needs. */
+  nodes?: Pick<NodeReader, 'list'>;
   /** A box was made: from a warm pod or a new one, and how long it took. */
   onCreated?: (path: CreatePath, seconds: number) => void;
   /** A create of a warm shape was made cold, and why. */
@@ -87,7 +94,7 @@ export class BoxService {
 
   constructor(private readonly deps: BoxServiceDeps) {
     this.now = deps.now ?? (() => new Date());
-    this.warm = new WarmClaims({ core: deps.core, call: deps.call, cache: deps.cache, boxd: deps.boxd, namespace: deps.namespace, token: (pod) => this.token(pod) });
+    this.warm = new WarmClaims({ core: deps.core, call: deps.call, cache: deps.cache, boxd: deps.boxd, namespace: deps.namespace, token: (pod) => this.token(pod), nodes: deps.nodes });
   }
 
   /** Creates a box; with an idempotency key, a repeated request answers with the box the first one made. */
@@ -113,8 +120,7 @@ export class BoxService {
     if (cache.activeCount() >= spec.maxBoxes) {
       throw quotaExceeded(`the pool is at its limit of ${spec.maxBoxes} boxes`);
     }
-    const warm = servedWarm(spec, shape);
-    if (warm) warm.template = warmTemplateHash(spec, this.deps.boxdImage);
+    const warm = this.claimSources(spec, shape);
 
     // Slot names are deterministic, so two replicas racing for one slot collide on the record's
     // name and the API server lets exactly one win; the loser moves on to the next free slot.
@@ -136,7 +142,13 @@ export class BoxService {
           idempotencyKey: keyDigest,
           ...(req.egress ? { annotations: { [ANNOTATIONS.egress]: JSON.stringify({ allow: req.egress.allow }) } } : {}),
         });
-      let record = await take();
+      // A warm pod picked now has its agent checked while the record is written (no env: the
+      // check is all a claim asks of boxd; with env, the env is pushed after the claim).
+      const prepared = warm.sources.length ? this.warm.prepare(policy.poolName, warm.sources[0]!, boxId, !req.env || Object.keys(req.env).length === 0) : undefined;
+      let record = await take().catch((err: unknown) => {
+        if (prepared) this.warm.release(prepared);
+        throw err;
+      });
       const failed = record ? undefined : this.deps.sleeping?.get(boxId);
       if (failed && stateOf(failed) === 'failed') {
         // A Failed box (its workspace lost) gives its slot to a new box of the session.
@@ -145,40 +157,36 @@ export class BoxService {
         record = await take();
       }
       if (!record) {
+        if (prepared) this.warm.release(prepared);
         // The same key racing through another replica lands on the same slot first.
         const winner = keyDigest ? (cache.get(boxId) ?? (await this.readPod(boxId))) : undefined;
         if (winner && this.madeWith(winner, keyDigest!)) return this.created(winner);
         continue;
       }
       const recordRef = { name: record.metadata!.name!, uid: record.metadata!.uid! };
-      let seat: number | undefined;
-      try {
-        seat = await this.deps.seats.take(policy.poolName, spec.maxBoxes, this.heldSeats(), recordRef);
-      } catch (err) {
-        await this.deps.records.delete(boxId, recordRef.uid).catch(() => undefined);
-        throw err;
-      }
-      if (seat === undefined) {
-        await this.deps.records.delete(boxId, recordRef.uid).catch(() => undefined);
-        throw quotaExceeded(`the pool is at its limit of ${spec.maxBoxes} boxes`);
-      }
       const session: SessionBox = {
         boxId,
         sessionId: req.sessionId,
         slot,
-        seat,
+        // A claimed warm pod keeps the seat it holds; a new pod takes one below.
+        seat: -1,
         record: recordRef,
         ttlSeconds: spec.defaultTtlSeconds,
         now: this.now(),
         idempotencyKey: keyDigest,
+        warmDemand: warm.demand,
       };
       try {
-        const claim = warm ? await this.warm.claim(policy.poolName, warm.template!, session, req.env) : undefined;
+        // The claim: one write (the pod's compare-and-swap), the record being the other.
+        const claim = warm.sources.length ? await this.warm.claim(policy.poolName, warm.sources, session, req.env, prepared) : undefined;
         if (claim?.miss) this.deps.onWarmMiss?.(claim.miss);
-        const claimed = claim?.pod;
-        const pod = claimed ?? (await this.createPod(spec, shape, session, nonce));
-        this.deps.onCreated?.(claimed ? 'warm' : 'cold', (performance.now() - started) / 1000);
-        this.rememberMade(boxId, pod, Boolean(claimed));
+        let pod = claim?.pod;
+        if (!pod) {
+          session.seat = await this.takeSeat(spec, recordRef);
+          pod = await this.createPod(spec, shape, session, nonce);
+        }
+        this.deps.onCreated?.(claim?.pod ? 'warm' : 'cold', (performance.now() - started) / 1000);
+        this.rememberMade(boxId, pod, Boolean(claim?.pod));
         return this.created(pod);
       } catch (err) {
         await this.deps.records.delete(boxId, session.record.uid).catch(() => undefined);
@@ -200,6 +208,62 @@ export class BoxService {
       if (seat !== undefined && stateOf(record) !== 'failed') held.add(seat);
     }
     return held;
+  }
+
+  /**
+   * Where a create of `shape` may claim a warm box (common/warm-shapes.ts): its own warm shape's
+   * pods, then those of the same image and runtime class resized in place, best first; and the
+   * warm shape whose demand it is (sizes that shape's pool, docs/warm-pool.md).
+   */
+  private claimSources(spec: SandboxPoolSpec, shape: BoxShape): { sources: ClaimSource[]; demand?: string } {
+    const choices = warmChoices(spec, shape);
+    return {
+      sources: choices.map((c) => ({ template: warmTemplateHash(spec, this.deps.boxdImage, c.warm.shape), ...(c.resize ? { resize: shape } : {}) })),
+      ...(choices[0] ? { demand: choices[0].warm.id } : {}),
+    };
+  }
+
+  /**
+   * A seat of the pool for a new pod (bridge/kube/box-seats.ts). Warm pods hold seats too: when
+   * every seat is held, an unclaimed warm pod is given up (deleted, guarded by its version, so a
+   * concurrent claim wins) and its seat becomes the record's. 429 when none is left (after a short
+   * wait while some seat is held by what the watches do not show).
+   */
+  private async takeSeat(spec: SandboxPoolSpec, record: { name: string; uid: string }): Promise<number> {
+    const { poolName } = this.deps.policy;
+    for (let attempt = 0; ; attempt++) {
+      const seat = await this.deps.seats.take(poolName, spec.maxBoxes, this.heldSeats(), record);
+      if (seat !== undefined) return seat;
+      for (const spare of this.deps.cache.spares(poolName, warmTemplateHash(spec, this.deps.boxdImage)).slice(0, 3)) {
+        const n = seatOf(spare);
+        if (n === undefined || !(await this.giveUp(spare))) continue;
+        if (await this.deps.seats.adoptWarm(n, spare.metadata!.name!, record)) return n;
+        const again = await this.deps.seats.take(poolName, spec.maxBoxes, this.heldSeats(), record);
+        if (again !== undefined) return again;
+      }
+      // Every seat taken, one or two by what this replica's watches do not show: the seat of a
+      // warm pod let go a moment ago (the operator frees it right after the pod), of a box just
+      // deleted (garbage collection). Such seats come free within moments: a short wait. (Many
+      // unseen holders are creates in flight through other replicas: the pool is full, 429.)
+      const unseen = spec.maxBoxes - this.heldSeats().size;
+      if (attempt >= SEAT_RETRIES || unseen <= 0 || unseen > 2) break;
+      await new Promise((resolve) => setTimeout(resolve, 150 * 2 ** attempt));
+    }
+    throw quotaExceeded(`the pool is at its limit of ${spec.maxBoxes} boxes`);
+  }
+
+  /** Deletes an unclaimed warm pod as this replica saw it; false when it changed meanwhile (claimed, say). */
+  private async giveUp(pod: k8s.V1Pod): Promise<boolean> {
+    const { name, uid, resourceVersion } = pod.metadata!;
+    try {
+      await this.deps.call('give up warm pod', () =>
+        this.deps.core.deleteNamespacedPod({ name: name!, namespace: this.deps.namespace, body: { gracePeriodSeconds: 0, preconditions: { uid: uid!, resourceVersion: resourceVersion! } } }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof BridgeError && (err.type === 'conflict' || err.type === 'not_found')) return false;
+      throw err;
+    }
   }
 
   /**
@@ -251,10 +315,10 @@ export class BoxService {
   ): Promise<{ pod: k8s.V1Pod; path: CreatePath }> {
     const { policy } = this.deps;
     const spec = policy.current();
-    const warm = servedWarm(spec, shape);
+    const warm = this.claimSources(spec, shape);
     // Served from memory until the watch shows it (it still shows the pod the box slept from).
-    if (warm) {
-      const claim = await this.warm.claim(policy.poolName, warmTemplateHash(spec, this.deps.boxdImage), session, env);
+    if (warm.sources.length) {
+      const claim = await this.warm.claim(policy.poolName, warm.sources, { ...session, warmDemand: warm.demand }, env);
       const claimed = claim.pod;
       if (claimed) {
         this.rememberMade(session.boxId, claimed, true);
@@ -483,18 +547,6 @@ export class BoxService {
       })
       .catch(() => undefined);
   }
-}
-
-/** When a create is served warm: it asks for exactly the pool's warm shape, and the pool keeps warm boxes. */
-function servedWarm(spec: SandboxPoolSpec, shape: BoxShape): { template?: string } | undefined {
-  if (!(spec.warm.count > 0 || (spec.warm.max ?? 0) > 0) || shape.serviceAccountName) return undefined;
-  const w = warmShape(spec);
-  const same =
-    shape.image === w.image &&
-    formatCpu(shape.cpuCores) === formatCpu(w.cpuCores) &&
-    formatMemory(shape.memoryBytes) === formatMemory(w.memoryBytes) &&
-    (shape.runtimeClassName ?? '') === (w.runtimeClassName ?? '');
-  return same ? {} : undefined;
 }
 
 /** A key names a box only within its session, and is stored as a digest (a label value). */

@@ -7,12 +7,20 @@
 // falls back to a new pod only when none is left. Ranks are rendezvous hashes of the box id and
 // the pod, so creates racing through different replicas start on different pods, and creates of
 // one replica never try the same pod version twice.
+//
+// Warm boxes of any shape: a create whose shape no warm shape has claims one of the same image
+// and runtime class (common/warm-shapes.ts) and resizes it in place (the pod's resize
+// subresource) before the box is handed out; a resize the node cannot make (or not in time)
+// gives the pod up and counts the reason.
 import * as k8s from '@kubernetes/client-node';
 import type { BoxdClient } from '../../common/boxd-client.js';
-import { sessionMetadata, type SessionBox } from '../../common/box-pod.js';
+import { BOX_CONTAINER, sessionMetadata, type BoxShape, type SessionBox } from '../../common/box-pod.js';
 import { BridgeError } from '../../common/errors.js';
 import { LABELS } from '../../common/labels.js';
+import { seatOf } from '../../common/seats.js';
+import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js';
 import type { BoxReader } from '../kube/box-cache.js';
+import type { NodeReader } from '../kube/node-cache.js';
 import type { KubeCall } from '../kube/instrument.js';
 
 /** At most this many warm pods per create (each costs an API write): a bound, not a policy. */
@@ -22,9 +30,23 @@ const CLAIM_TRIED_MS = 30_000;
 const CLAIM_TRIED_MAX = 10_000;
 /** A claimed pod's agent must answer within this, or the claim is undone. */
 const CLAIM_CHECK_MS = 2000;
+/** How long a claim waits for the kubelet to resize the claimed pod (measured: 0.3-2 s on a loaded node). */
+const RESIZE_WAIT_MS = 10_000;
 
-/** Why a create of a warm shape was made cold (sandbox_bridge_warm_misses_total{reason}). */
-export type MissReason = 'none_ready' | 'all_taken';
+/**
+ * Why a create that a warm shape serves was made cold (sandbox_bridge_warm_misses_total{reason}):
+ * none_ready: no warm box ready; all_taken: every one tried was claimed meanwhile; resize_no_room:
+ * none could grow where it runs (the node's allocatable less the requests of the boxes on it);
+ * resize_infeasible / resize_deferred: the kubelet refused the resize (PodResizePending) for good
+ * or for now; resize_timeout: not done in time.
+ */
+export type MissReason = 'none_ready' | 'all_taken' | 'resize_no_room' | 'resize_infeasible' | 'resize_deferred' | 'resize_timeout';
+
+/** Where a create may claim from: ready warm pods of a template, resized to `resize` when given. */
+export interface ClaimSource {
+  template: string;
+  resize?: BoxShape | undefined;
+}
 
 export interface WarmClaimsDeps {
   core: k8s.CoreV1Api;
@@ -34,6 +56,14 @@ export interface WarmClaimsDeps {
   namespace: string;
   /** boxd's credential for a pod (common/boxd.ts). */
   token: (pod: k8s.V1Pod) => string;
+  /** Nodes (allocatable), for the room a resize needs; without them the kubelet alone judges. */
+  nodes?: Pick<NodeReader, 'list'> | undefined;
+}
+
+/** A warm pod picked ahead of the claim, and its agent's answer if it was asked. */
+export interface Prepared {
+  pod: k8s.V1Pod;
+  answering?: Promise<boolean>;
 }
 
 export type ClaimResult = { pod: k8s.V1Pod; miss?: undefined } | { pod?: undefined; miss: MissReason };
@@ -50,31 +80,140 @@ export class WarmClaims {
   constructor(private readonly deps: WarmClaimsDeps) {}
 
   /**
+   * Picks the warm pod a create will try first, before its record is written, and (with
+   * `check`) asks its agent whether it answers meanwhile: the check then costs the create no
+   * time. The pod counts as tried; release() gives it back if the create does not claim.
+   */
+  prepare(pool: string, source: ClaimSource, key: string, check: boolean): Prepared | undefined {
+    const candidates = this.candidates(pool, source).filter((p) => !source.resize || this.fits(p, source.resize));
+    const pod = pickWarm(candidates, key, (p) => this.tried.has(versionOf(p)));
+    if (!pod) return undefined;
+    this.tried.add(versionOf(pod));
+    return { pod, ...(check ? { answering: this.answers(pod, key, undefined) } : {}) };
+  }
+
+  /** A prepared pod the create did not try after all (its slot was taken): others may again. */
+  release(prepared: Prepared): void {
+    this.tried.delete(versionOf(prepared.pod));
+    void prepared.answering?.catch(() => undefined);
+  }
+
+  /**
    * Makes one of the pool's ready warm pods of the template this session's box: a merge patch
    * carrying the pod's resource version, so it fails (409) if anything changed the pod since this
-   * replica saw it, another replica's claim included. The claimed pod's agent must answer (and
-   * takes the create-time env) before the box is handed out; a pod that died meanwhile is let go.
+   * replica saw it, another replica's claim included. That patch is the claim's one write (the
+   * record, written before, holds the session's slot; the pod holds its seat since the operator
+   * made it). The claimed pod's agent must answer (and takes the create-time env) before the box
+   * is handed out; a pod that died meanwhile is let go.
    */
-  async claim(pool: string, template: string, session: SessionBox, env: Record<string, string> | undefined): Promise<ClaimResult> {
-    let sawOne = false;
-    for (let attempt = 0; attempt < CLAIM_ATTEMPTS_MAX; attempt++) {
-      // Read again before every try: the watch shows other replicas' claims as they land.
-      const candidates = this.deps.cache.warm(pool, template);
-      sawOne ||= candidates.length > 0;
-      const warmPod = pickWarm(candidates, session.boxId, (p) => this.tried.has(versionOf(p)));
-      if (!warmPod) break;
-      this.tried.add(versionOf(warmPod));
-      const pod = await this.patch(warmPod, session);
-      if (!pod) continue; // taken or gone
-      if (await this.answers(pod, session, env)) return { pod };
-      // Claimed a pod whose agent does not answer: it is no use to anyone.
-      await this.deleteQuietly(pod);
+  async claim(pool: string, sources: readonly ClaimSource[], session: SessionBox, env: Record<string, string> | undefined, first?: Prepared): Promise<ClaimResult> {
+    let sawOne = Boolean(first);
+    let why: MissReason | undefined;
+    let next = first;
+    const withEnv = Boolean(env && Object.keys(env).length);
+    let attempts = 0;
+    for (const source of sources) {
+      /** Nodes where this create's resize was refused: the other pods there would be too. */
+      const refused = new Set<string>();
+      while (attempts++ < CLAIM_ATTEMPTS_MAX) {
+        let candidate = next;
+        next = undefined;
+        if (!candidate) {
+          // Read again before every try: the watch shows other replicas' claims as they land.
+          const candidates = this.candidates(pool, source);
+          sawOne ||= candidates.length > 0;
+          const fitting = source.resize ? candidates.filter((p) => !refused.has(p.spec?.nodeName ?? '') && this.fits(p, source.resize!)) : candidates;
+          if (fitting.length < candidates.length) why ??= 'resize_no_room';
+          const pod = pickWarm(fitting, session.boxId, (p) => this.tried.has(versionOf(p)));
+          if (!pod) break;
+          this.tried.add(versionOf(pod));
+          candidate = { pod };
+        }
+        if (candidate.answering && !(await candidate.answering)) {
+          // Dead before the claim: nobody's yet, so only as this replica saw it (a claim wins).
+          await this.deleteQuietly(candidate.pod, true);
+          continue;
+        }
+        let pod = await this.patch(candidate.pod, session);
+        if (!pod) continue; // taken or gone
+        if (source.resize) {
+          const resized = await this.resize(pod, source.resize);
+          if (typeof resized === 'string') {
+            // Ours now, but not of the shape asked for: no use to anyone.
+            why = resized;
+            if (resized !== 'resize_timeout') refused.add(pod.spec?.nodeName ?? '');
+            await this.deleteQuietly(pod, false);
+            continue;
+          }
+          pod = resized;
+        }
+        if ((candidate.answering && !withEnv) || (await this.answers(pod, session.boxId, env))) return { pod };
+        // Claimed a pod whose agent does not answer: it is no use to anyone.
+        await this.deleteQuietly(pod, false);
+      }
     }
-    return { miss: sawOne ? 'all_taken' : 'none_ready' };
+    return { miss: why ?? (sawOne ? 'all_taken' : 'none_ready') };
+  }
+
+  /** Claimable warm pods: ready, of the source's template, holding a seat of their own (common/seats.ts). */
+  private candidates(pool: string, source: ClaimSource): k8s.V1Pod[] {
+    return this.deps.cache.warm(pool, source.template).filter((p) => seatOf(p) !== undefined);
+  }
+
+  /**
+   * Whether the pod can grow to `want` where it runs: the growth within the node's allocatable
+   * less the requests of the box pods this replica sees there (other pods are the kubelet's to
+   * judge: it answers PodResizePending). Shrinking always fits; an unknown node too.
+   */
+  private fits(pod: k8s.V1Pod, want: BoxShape): boolean {
+    const now = containerResources(pod);
+    const grow = { cpu: want.cpuCores - now.cpu, memory: want.memoryBytes - now.memory };
+    if (grow.cpu <= 0 && grow.memory <= 0) return true;
+    const nodeName = pod.spec?.nodeName;
+    const node = nodeName ? this.deps.nodes?.list().find((n) => n.metadata?.name === nodeName) : undefined;
+    const allocatable = node?.status?.allocatable;
+    if (!allocatable) return true;
+    const used = { cpu: 0, memory: 0 };
+    for (const p of this.deps.cache.all()) {
+      if (p.spec?.nodeName !== nodeName || p.status?.phase === 'Succeeded' || p.status?.phase === 'Failed') continue;
+      const r = containerResources(p);
+      used.cpu += r.cpu;
+      used.memory += r.memory;
+    }
+    const free = { cpu: parseQuantity(String(allocatable.cpu ?? '0')) - used.cpu, memory: parseQuantity(String(allocatable.memory ?? '0')) - used.memory };
+    return grow.cpu <= free.cpu && grow.memory <= free.memory;
+  }
+
+  /**
+   * Resizes the claimed pod's box container in place (requests = limits: the box stays
+   * Guaranteed) and waits until the kubelet reports it done. The pod as the watch then shows it,
+   * or why not.
+   */
+  private async resize(pod: k8s.V1Pod, want: BoxShape): Promise<k8s.V1Pod | MissReason> {
+    const size = { cpu: formatCpu(want.cpuCores), memory: formatMemory(want.memoryBytes) };
+    try {
+      await this.deps.call('resize warm pod', () =>
+        this.deps.core.patchNamespacedPodResize(
+          { name: pod.metadata!.name!, namespace: this.deps.namespace, body: { spec: { containers: [{ name: BOX_CONTAINER, resources: { requests: size, limits: size } }] } } },
+          k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.StrategicMergePatch),
+        ),
+      );
+    } catch (err) {
+      if (err instanceof BridgeError && (err.type === 'invalid_request' || err.type === 'forbidden' || err.type === 'conflict')) return 'resize_infeasible';
+      throw err;
+    }
+    const done = (p: k8s.V1Pod) => resizeState(p, want) !== 'in_progress';
+    const seen = await this.deps.cache.waitUntil(pod.metadata!.name!, done, RESIZE_WAIT_MS, pod.metadata!.uid).catch(() => undefined);
+    if (!seen) return 'resize_timeout';
+    const state = resizeState(seen, want);
+    return state === 'done' ? seen : state === 'in_progress' ? 'resize_timeout' : state;
   }
 
   private async patch(warmPod: k8s.V1Pod, session: SessionBox): Promise<k8s.V1Pod | undefined> {
     const meta = sessionMetadata(session);
+    // The pod keeps the seat it holds (a woken box's own seat is freed once the wake commits).
+    const labels: Record<string, string | null> = { ...meta.labels, [LABELS.warm]: null };
+    delete labels[LABELS.seat];
     try {
       return await this.deps.call('claim warm pod', () =>
         this.deps.core.patchNamespacedPod(
@@ -84,7 +223,7 @@ export class WarmClaims {
             body: {
               metadata: {
                 resourceVersion: warmPod.metadata!.resourceVersion,
-                labels: { ...meta.labels, [LABELS.warm]: null },
+                labels,
                 annotations: meta.annotations,
                 ownerReferences: meta.ownerReferences,
               },
@@ -99,9 +238,9 @@ export class WarmClaims {
     }
   }
 
-  private async answers(pod: k8s.V1Pod, session: SessionBox, env: Record<string, string> | undefined): Promise<boolean> {
+  private async answers(pod: k8s.V1Pod, box: string, env: Record<string, string> | undefined): Promise<boolean> {
     try {
-      const target = { box: session.boxId, ip: pod.status!.podIP!, token: this.deps.token(pod) };
+      const target = { box, ip: pod.status!.podIP!, token: this.deps.token(pod) };
       const signal = AbortSignal.timeout(CLAIM_CHECK_MS);
       if (env && Object.keys(env).length) await this.deps.boxd.setEnv(target, env, signal);
       else await this.deps.boxd.health(target, signal);
@@ -111,11 +250,40 @@ export class WarmClaims {
     }
   }
 
-  private async deleteQuietly(pod: k8s.V1Pod): Promise<void> {
+  private async deleteQuietly(pod: k8s.V1Pod, unchanged: boolean): Promise<void> {
+    const { name, uid, resourceVersion } = pod.metadata!;
     await this.deps.core
-      .deleteNamespacedPod({ name: pod.metadata!.name!, namespace: this.deps.namespace, body: { gracePeriodSeconds: 0, preconditions: { uid: pod.metadata!.uid! } } })
+      .deleteNamespacedPod({
+        name: name!,
+        namespace: this.deps.namespace,
+        body: { gracePeriodSeconds: 0, preconditions: { uid: uid!, ...(unchanged ? { resourceVersion: resourceVersion! } : {}) } },
+      })
       .catch(() => undefined);
   }
+}
+
+/** The box container's cpu (cores) and memory (bytes) as the pod spec has them now (limits = requests). */
+export function containerResources(pod: k8s.V1Pod): { cpu: number; memory: number } {
+  const r = pod.spec?.containers?.find((c) => c.name === BOX_CONTAINER)?.resources;
+  const q = (name: 'cpu' | 'memory') => {
+    const v = r?.requests?.[name] ?? r?.limits?.[name];
+    return v === undefined ? 0 : parseQuantity(String(v));
+  };
+  return { cpu: q('cpu'), memory: q('memory') };
+}
+
+/**
+ * Where an in-place resize of the box container to `want` is, from the pod's status: done (the
+ * kubelet reports the container running with those limits), refused (PodResizePending: Infeasible
+ * for good, Deferred for now), or still in progress.
+ */
+export function resizeState(pod: k8s.V1Pod, want: BoxShape): 'done' | 'in_progress' | 'resize_infeasible' | 'resize_deferred' {
+  const pending = pod.status?.conditions?.find((c) => c.type === 'PodResizePending' && c.status === 'True');
+  if (pending) return pending.reason === 'Infeasible' ? 'resize_infeasible' : 'resize_deferred';
+  const limits = pod.status?.containerStatuses?.find((c) => c.name === BOX_CONTAINER)?.resources?.limits;
+  const cpu = limits?.cpu === undefined ? undefined : parseQuantity(String(limits.cpu));
+  const memory = limits?.memory === undefined ? undefined : parseQuantity(String(limits.memory));
+  return cpu !== undefined && memory !== undefined && Math.abs(cpu - want.cpuCores) < 0.0005 && memory === want.memoryBytes ? 'done' : 'in_progress';
 }
 
 export function versionOf(pod: k8s.V1Pod): string {
