@@ -25,6 +25,7 @@ import { METADATA_OBJECT, WORKSPACE_OBJECT, parseSnapshotId, snapshotKey } from 
 import { snapshotLimits, takeSnapshot } from '../common/snapshot-writer.js';
 import { outputsMountOf, uploadOutputs } from '../common/session-outputs.js';
 import { memoryMountsOf, mountsClient, syncAll } from '../common/memory-store.js';
+import { adoptionPatch, holdsWarmSeat, isWarmSeatOf, ownedBy, seatOf } from '../common/seats.js';
 import type { EventRecorder } from './events.js';
 import type { OperatorMetrics } from './metrics.js';
 import type { Lister, ReconcileResult } from './pool-reconciler.js';
@@ -152,6 +153,9 @@ export class IdleSleepReconciler {
         if (calls > 0 && pod) await this.touch(pod);
         return this.giveUp(keeper, {});
       }
+      // A claimed warm pod holds a seat of its own (common/seats.ts), which goes with the pod:
+      // the record takes it over first, so the box keeps its seat while it sleeps.
+      if (holdsWarmSeat(pod)) await this.adoptSeat(ns, seatOf(pod)!, pod.metadata!.name!, { name: held.record.metadata!.name!, uid: held.record.metadata!.uid! });
       const slept = sleptBoxFromPod(pod, new Date(this.now()), pool.spec.defaultTtlSeconds);
       const boxExpiry = Date.parse(slept.expiresAt);
       const retention = pool.spec.snapshots.retentionSeconds * 1000;
@@ -397,6 +401,29 @@ export class IdleSleepReconciler {
     await store
       .delete([store.key(snapshotKey(pool.metadata.name, id, METADATA_OBJECT)), store.key(snapshotKey(pool.metadata.name, id, WORKSPACE_OBJECT))])
       .catch(() => undefined); // retention removes it otherwise (no record names it)
+  }
+
+  /** Makes a warm seat the record's (guarded by the version read); throws when it is gone or another's. */
+  private async adoptSeat(ns: string, n: number, podName: string, record: { name: string; uid: string }): Promise<void> {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const seat = await this.o.core.readNamespacedSecret({ name: seatName(n), namespace: ns }).catch((err: unknown) => {
+        throw plainError(err, 'read box seat');
+      });
+      if (ownedBy(seat, record.uid)) return;
+      if (!isWarmSeatOf(seat, podName)) break;
+      try {
+        // The credential stays: the pod still runs until the delete below, and may run on.
+        await this.o.core.patchNamespacedSecret(
+          { name: seatName(n), namespace: ns, body: adoptionPatch(seat, record, false) },
+          k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
+        );
+        return;
+      } catch (err) {
+        const e = plainError(err, 'adopt box seat');
+        if (e.type !== 'conflict') throw e;
+      }
+    }
+    throw new Error(`the box's seat ${seatName(n)} is not its own`);
   }
 
   private async freeSeat(ns: string, seat: number, recordUid: string): Promise<void> {
