@@ -174,3 +174,38 @@ test("a warm pod's credential (owned by the pool, made before its pod) goes by n
   const legacy = pod('box-warm-f');
   expect(planReaps({ ...base, pods: [legacy], secrets: [credential('box-warm-f')] }).reaps).toEqual([]);
 });
+
+test('a warm seat (a credential named box-seat-<n>) is kept while a pod with its seat label exists, and reaped only as the version judged', () => {
+  const seat = (n: number, rv = '7'): k8s.V1Secret => ({
+    metadata: {
+      name: `box-seat-${n}`,
+      namespace: 'ns',
+      uid: `uid-seat-${n}`,
+      resourceVersion: rv,
+      creationTimestamp: new Date('2030-01-01T11:00:00Z'),
+      labels: { 'app.kubernetes.io/component': 'box-credential' },
+    },
+  });
+  const warm = pod('box-warm-a');
+  warm.metadata!.labels = { 'sandbox-bridge.io/warm': 'p', 'sandbox-bridge.io/seat': '3' };
+  const claimed = pod('box-warm-b');
+  claimed.metadata!.labels = { 'sandbox-bridge.io/box-id': 'box-s-0', 'sandbox-bridge.io/seat': '4' };
+  const plan = planReaps({ ...base, pods: [warm, claimed], secrets: [seat(3), seat(4), seat(5, '9')] });
+  expect(plan.reaps).toEqual([{ kind: 'Secret', name: 'box-seat-5', namespace: 'ns', uid: 'uid-seat-5', resourceVersion: '9', reason: 'orphaned_secret' }]);
+});
+
+test('a warm seat names its pod: kept while that pod exists, whatever seat label pods carry', () => {
+  const seat: k8s.V1Secret = {
+    metadata: {
+      name: 'box-seat-8',
+      namespace: 'ns',
+      uid: 'uid-seat-8',
+      resourceVersion: '3',
+      creationTimestamp: new Date('2030-01-01T11:00:00Z'),
+      labels: { 'app.kubernetes.io/component': 'box-credential' },
+      annotations: { 'sandbox-bridge.io/warm-pod': 'box-warm-z' },
+    },
+  };
+  expect(planReaps({ ...base, pods: [pod('box-warm-z')], secrets: [seat] }).reaps).toEqual([]);
+  expect(planReaps({ ...base, pods: [pod('box-warm-y')], secrets: [seat] }).reaps.map((r) => r.name)).toEqual(['box-seat-8']);
+});

@@ -2,7 +2,8 @@
 // one falls due (the reconciler requeues the pool for then instead of polling).
 import type * as k8s from '@kubernetes/client-node';
 import type { PartialObjectMetadata } from '../common/informer.js';
-import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, warmCredentialName } from '../common/labels.js';
+import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, seatName, warmCredentialName } from '../common/labels.js';
+import { seatOf } from '../common/seats.js';
 
 /**
  * expired / succeeded / failed: a box pod; box_record: the record of a box reaped in the same
@@ -16,6 +17,8 @@ export interface Reap {
   name: string;
   namespace: string;
   uid: string;
+  /** The version judged: the delete fails if the object changed since (a warm seat a sleep just made its record's). */
+  resourceVersion?: string;
   reason: ReapReason;
   /** For expired boxes: when they expired. */
   expiredAt?: Date;
@@ -69,6 +72,8 @@ export function planReaps(input: ReapInput): ReapPlan {
   const livePods = new Set<string>();
   /** The credential Secret names of every pod there is, deleting ones too (they still mount it). */
   const podCredentials = new Set<string>();
+  /** Names of every pod there is: a warm seat is kept while the pod it names exists. */
+  const podNames = new Set<string>();
   /** Box ids with a pod that stays, and those whose pod this pass reaps. */
   const liveBoxes = new Set<string>();
   const reapedBoxes = new Set<string>();
@@ -78,6 +83,10 @@ export function planReaps(input: ReapInput): ReapPlan {
     if (!name || !namespace || !uid) continue;
     livePods.add(uid);
     podCredentials.add(warmCredentialName(name));
+    // A warm pod's credential is also its seat, box-seat-<n> (common/seats.ts), naming its pod.
+    podNames.add(name);
+    const seat = seatOf(pod);
+    if (seat !== undefined) podCredentials.add(seatName(seat));
     // Warm pods belong to no session: the warm pool (operator/warm-pool.ts) keeps them.
     if (pod.metadata?.labels?.[LABELS.warm]) continue;
     const boxId = pod.metadata?.labels?.[LABELS.boxId] ?? name;
@@ -123,11 +132,16 @@ export function planReaps(input: ReapInput): ReapPlan {
       continue;
     }
     if (secret.metadata?.labels?.[LABELS.component] === SECRET_COMPONENTS.credential) {
-      // A warm pod's credential is made before its pod and owned by the pool (operator/warm-pool.ts),
-      // so it goes by name: kept while a pod of its name exists (warm, claimed or terminating),
-      // an orphan when none has appeared by the end of the grace. Warm pod names are random, so a
-      // name is not reused.
-      if (podCredentials.has(name)) continue;
+      // A warm pod's credential (its seat) is made before its pod and owned by the pool
+      // (operator/warm-pool.ts), so it goes by name: kept while a pod with its seat label exists
+      // (warm, claimed or terminating; older ones: a pod of its name), an orphan when none has
+      // appeared by the end of the grace. Judged on this version only: a sleep that made it its
+      // box record's seat (the pod going next) changed it, and the delete then fails.
+      const warmPod = secret.metadata?.annotations?.[ANNOTATIONS.warmPod];
+      if (podCredentials.has(name) || (warmPod !== undefined && podNames.has(warmPod))) continue;
+      if (orphanAt <= now) reaps.push({ kind: 'Secret', name, namespace, uid, resourceVersion: secret.metadata?.resourceVersion, reason: 'orphaned_secret' });
+      else due(orphanAt);
+      continue;
     } else {
       const owner = secret.metadata?.ownerReferences?.find((o) => o.kind === 'Pod')?.uid;
       if (owner && livePods.has(owner)) continue;
