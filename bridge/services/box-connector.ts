@@ -17,6 +17,7 @@ import { BridgeError } from '../../common/errors.js';
 import { buildEvent } from '../../common/events.js';
 import type { KubeCall } from '../../common/kube.js';
 import { ANNOTATIONS, LABELS, seatName } from '../../common/labels.js';
+import { seatOf } from '../../common/seats.js';
 import { boxIdOf } from '../box-view.js';
 import { BoxGoneError, BoxStartTimeoutError, trimPod, type BoxReader } from '../kube/box-cache.js';
 import type { PolicySource } from '../kube/policy.js';
@@ -456,6 +457,9 @@ export class BoxConnector {
       // Awake: a plain record again (its snapshot stays in the store until retention). A crash
       // before this leaves a committed pod and a waking record: the operator then releases it.
       await this.deps.leases.release(await keeper.stop(), null, CLEAR_SLEEP);
+      // A claimed warm pod holds a seat of its own (common/seats.ts): the one the box kept while
+      // it slept goes back (a crash before this leaves it to the record, freed with the box).
+      if (slept.seat !== undefined && seatOf(made) !== slept.seat) await this.freeSeat(slept.seat, record.metadata!.uid!).catch(() => undefined);
       this.deps.onWoken?.(path, 'ok', (performance.now() - started) / 1000);
       this.deps.log.info({ box: boxId, path, snapshot: snapshotId, ms: Math.round(performance.now() - started) }, 'box woken');
     } catch (err) {
