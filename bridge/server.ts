@@ -165,6 +165,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     boxdImage: config.BOXD_IMAGE,
     namespace,
     namePrefix: config.BOX_NAME_PREFIX,
+    nodes,
     onCreated: (path, seconds) => {
       metrics.boxesCreated.inc({ path });
       metrics.createDuration.observe({ path }, seconds);
