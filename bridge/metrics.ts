@@ -101,7 +101,7 @@ export function createMetrics(activeBoxes: () => number = () => 0, state: Metric
     }),
     warmMisses: new Counter({
       name: 'sandbox_bridge_warm_misses_total',
-      help: 'Creates of a warm shape made as a new pod instead, by reason (none_ready: no warm box of the shape was ready; all_taken: every one tried was claimed meanwhile)',
+      help: 'Creates a warm shape serves made as a new pod instead, by reason (none_ready, all_taken, resize_no_room, resize_infeasible, resize_deferred, resize_timeout: docs/warm-pool.md)',
       labelNames: ['reason'],
       registers: [registry],
     }),
