@@ -20,6 +20,7 @@ const EGRESS_SECRETS = ['rel-sandbox-bridge-egress-key', 'rel-sandbox-bridge-egr
 /** The bridge's Kubernetes calls (bridge/kube, bridge/services), as RBAC rules. */
 const BRIDGE_NAMESPACED_RULES = [
   { apiGroups: [''], resources: ['pods'], verbs: ['create', 'get', 'list', 'watch', 'delete', 'patch'] },
+  { apiGroups: [''], resources: ['pods/resize'], verbs: ['patch'] },
   { apiGroups: [''], resources: ['pods/log'], verbs: ['get'] },
   { apiGroups: [''], resources: ['secrets'], verbs: ['get', 'create', 'update', 'delete', 'patch', 'list', 'watch'] },
   { apiGroups: [''], resources: ['events'], verbs: ['create'] },
