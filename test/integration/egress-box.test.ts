@@ -8,7 +8,7 @@ import * as k8s from '@kubernetes/client-node';
 import { BOXD_NONCE_ANNOTATION } from '../../common/boxd.js';
 import { CA_BUNDLE_FILE, EGRESS_CA_CONFIGMAP_KEY, EGRESS_CA_NAME, EGRESS_PROXY_KEY, egressProxyCredential, gatewayAddress } from '../../common/egress-proxy.js';
 import { apiStatusCode } from '../../common/kube.js';
-import { LABELS, warmCredentialName } from '../../common/labels.js';
+import { LABELS, seatName } from '../../common/labels.js';
 import { POOL_GROUP, POOL_PLURAL, POOL_VERSION, withDefaults } from '../../common/pool.js';
 import { EGRESS_CA_ANNOTATIONS } from '../../operator/egress-ca.js';
 import { ON_REAL_NODE, api } from '../support/bridge.js';
@@ -94,7 +94,10 @@ suite('gateway-mode boxes on the real node', () => {
     const warm: string = claimed.json.box_id;
     const warmPod = await livePod(warm);
     expect(warmPod.metadata!.name).toMatch(/^box-warm-/);
-    const own = await core.readNamespacedSecret({ name: warmCredentialName(warmPod.metadata!.name!), namespace: env.pool.ns });
+    // Its own Secret is the seat it holds (common/seats.ts), the one its box-secret volume mounts.
+    const ownName = warmPod.spec!.volumes!.find((v) => v.name === 'box-secret')!.secret!.secretName!;
+    expect(ownName).toBe(seatName(Number(warmPod.metadata!.labels![LABELS.seat])));
+    const own = await core.readNamespacedSecret({ name: ownName, namespace: env.pool.ns });
     expect(secretValue(own, EGRESS_PROXY_KEY)).toBe(credentialOf(warmPod));
     await expectProxied(warm, warmPod);
     expect((await call('DELETE', `/boxes/${warm}`)).status).toBe(200);
