@@ -1,7 +1,7 @@
 // Boxes of a gateway-mode pool on the real node (contract of issue 22, sections 1-3): the kubelet
 // expands the proxy variables with the pod's own name and credential (from its Secret by
-// reference: a cold box's record, a claimed warm pod's own Secret, a woken box's record with its
-// new nonce), the credential is never in the pod spec, and boxd writes the CA bundle the tools are
+// reference: a cold box's record, a claimed warm pod's own Secret (its seat), a woken box's
+// record or the seat of the warm pod it was woken onto, with its new nonce), the credential is never in the pod spec, and boxd writes the CA bundle the tools are
 // pointed at from the pool CA's ConfigMap, following a rotation of it into a running box.
 import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
@@ -127,7 +127,7 @@ suite('gateway-mode boxes on the real node', () => {
     await until('the bundle to follow the ConfigMap', holds(second), 90_000, 1000);
   }, 240_000);
 
-  test('a woken box gets the credential of its new pod, in its record', async () => {
+  test('a woken box gets the credential of its new pod, in the Secret it mounts', async () => {
     const before = await livePod(cold);
     await until(`box ${cold} to sleep`, async () => ((await call('GET', `/boxes/${cold}/status`)).json.status === 'Sleeping' ? true : undefined), 90_000);
     await exec(cold, 'true'); // wakes it
@@ -136,6 +136,12 @@ suite('gateway-mode boxes on the real node', () => {
     expect(after.metadata!.annotations![BOXD_NONCE_ANNOTATION]).not.toBe(before.metadata!.annotations![BOXD_NONCE_ANNOTATION]);
     expect(credentialOf(after)).not.toBe(credentialOf(before));
     await expectProxied(cold, after);
-    expect(secretValue(await record(env.pool.ns, cold), EGRESS_PROXY_KEY)).toBe(credentialOf(after));
+    // In the Secret its box-secret volume mounts: its record when woken cold, the seat of the warm
+    // pod it was woken onto otherwise (a woken box keeps that pod's seat, issue 24).
+    const mounted = after.spec!.volumes!.find((v) => v.name === 'box-secret')!.secret!.secretName!;
+    const expected = /^box-warm-/.test(after.metadata!.name!) ? seatName(Number(after.metadata!.labels![LABELS.seat])) : cold;
+    expect(mounted).toBe(expected);
+    const own = await core.readNamespacedSecret({ name: mounted, namespace: env.pool.ns });
+    expect(secretValue(own, EGRESS_PROXY_KEY)).toBe(credentialOf(after));
   }, 180_000);
 });
