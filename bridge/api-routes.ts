@@ -33,7 +33,7 @@ export interface ApiResponse {
 export interface ApiRoute {
   /** Unique, camelCase; what generated clients name the call. */
   operationId: string;
-  method: 'get' | 'post' | 'put' | 'patch' | 'delete';
+  method: 'get' | 'post' | 'put' | 'patch' | 'delete' | 'head' | 'options';
   /** Under /api/v1, with OpenAPI's {name} for path parameters. */
   path: string;
   summary: string;
@@ -50,6 +50,8 @@ export interface ApiRoute {
   errors?: number[];
   /** A WebSocket route: its subprotocol and the JSON text messages each side sends. */
   websocket?: { subprotocol: string; fromClient: z.ZodType; fromServer: z.ZodType };
+  /** Served by the ports proxy (http/ports.ts) for every method, not by an Express route of its own. */
+  proxied?: true;
 }
 
 const json = (schema: z.ZodType, description = 'OK'): ApiResponse => ({ description, content: { [JSON_TYPE]: schema } });
@@ -444,6 +446,50 @@ export const API_ROUTES: ApiRoute[] = [
     params: S.SessionOutputParams,
     responses: { 200: { description: 'The file', content: { [OCTET]: 'bytes' } } },
     errors: [413, 501],
+  },
+
+  // ---- ports and preview links (routes/ports.ts, http/ports.ts; docs/ports.md) ----
+  ...(['get', 'head', 'post', 'put', 'patch', 'delete', 'options'] as const).map(
+    (method): ApiRoute => ({
+      operationId: `port${method[0]!.toUpperCase()}${method.slice(1)}`,
+      method,
+      path: '/boxes/{id}/ports/{port}/{path}',
+      summary: `${method.toUpperCase()} to a port an app in the box listens on`,
+      description:
+        'Passed to http://127.0.0.1:{port}/{path} in the box by its agent and the answer passed back as the app gave it (any status, ' +
+        'any content type; streamed both ways; server-sent events unbuffered). Other methods and WebSocket (any Upgrade) requests pass the same way. ' +
+        "The bridge's Authorization is not passed on; the app sees Host localhost:{port} and X-Forwarded-For/-Host/-Proto/-Prefix; Set-Cookie " +
+        "is kept to this route's path. Errors of the bridge or the box are JSON: 502 bad_gateway (nothing listens on the port), 504 " +
+        "gateway_timeout (no answer in time), 429 (the box's connection limit). Wakes a sleeping box; counts as activity. docs/ports.md.",
+      params: S.PortParams,
+      responses: { 200: { description: "The app's answer, whatever its status and content type", content: { '*/*': 'bytes' } } },
+      errors: [409, 502, 504],
+      proxied: true,
+    }),
+  ),
+  {
+    operationId: 'createPreview',
+    method: 'post',
+    path: '/boxes/{id}/ports/{port}/preview',
+    summary: 'A link that opens a port of the box in a browser without the bridge token, until it expires',
+    description:
+      'Signed with PREVIEW_KEY, scoped to the box and the port; served on PREVIEW_URL (a host per box and port, or a path prefix). ' +
+      'The body may be empty. Never wakes the box (opening the link does). 501 without PREVIEW_URL and PREVIEW_KEY. ' +
+      "This exact path is the bridge's for POST and DELETE (an app's own /preview: another method, or a preview link). docs/ports.md.",
+    params: S.PortPreviewParams,
+    body: { ...jsonBody(S.CreatePreviewRequest), required: false },
+    responses: { 200: json(S.PreviewCreated) },
+    errors: [409, 501],
+  },
+  {
+    operationId: 'revokePreviews',
+    method: 'delete',
+    path: '/boxes/{id}/ports/{port}/preview',
+    summary: 'Revoke every preview link to the port made until now',
+    description: 'At once on the replica that answers, within 5 s on the others. Links made afterwards work. docs/ports.md.',
+    params: S.PortPreviewParams,
+    responses: { 200: json(S.PreviewsRevoked) },
+    errors: [409, 501],
   },
 
   // ---- memory stores (routes/mounts.ts; docs/mounts.md) ----

@@ -19,6 +19,8 @@ import { fileRoutes } from './routes/files.js';
 import { platformRoutes } from './routes/platform.js';
 import { egressRoutes } from './routes/egress.js';
 import { mountRoutes } from './routes/mounts.js';
+import { portRoutes } from './routes/ports.js';
+import { previewRoutes } from './http/ports.js';
 import { snapshotRoutes } from './routes/snapshots.js';
 import type { BoxService } from './services/boxes.js';
 import type { ClusterService } from './services/cluster.js';
@@ -31,6 +33,7 @@ import type { BoxContextService } from './services/box-context.js';
 import type { EgressService } from './services/egress.js';
 import type { SessionOutputsService } from './services/session-outputs.js';
 import type { MemoryMountService } from './services/mounts.js';
+import type { PortService } from './services/ports.js';
 
 export interface AppDeps {
   log: Logger;
@@ -48,6 +51,7 @@ export interface AppDeps {
   egress: EgressService;
   sessionOutputs: SessionOutputsService;
   memoryMounts: MemoryMountService;
+  ports: PortService;
   cluster: ClusterService;
   version: string;
   trustProxy: boolean | number | string;
@@ -59,6 +63,8 @@ export function createApp(deps: AppDeps): Express {
   app.set('trust proxy', deps.trustProxy);
   app.set('etag', false);
 
+  // Preview links first: no bearer token, and a URL holding a secret the request log must not see.
+  app.use(previewRoutes({ ports: deps.ports, log: deps.log, trustProxy: deps.trustProxy, failures: deps.limits.authFailures }));
   app.use(requestLog(app, deps.log));
   app.use(securityHeaders());
   // Each request's observation goes to its label set's child, looked up by one string instead of
@@ -108,6 +114,7 @@ export function createApp(deps: AppDeps): Express {
   api.use(platformRoutes(deps));
   api.use(egressRoutes(deps));
   api.use(mountRoutes(deps));
+  api.use(portRoutes(deps));
   api.use(clusterRoutes(deps.cluster));
   api.use(notFoundRoute);
 

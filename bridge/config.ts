@@ -1,9 +1,11 @@
 // Bridge configuration: environment variables, validated with zod at start-up. A bad value
 // stops the process with a message naming the variable.
+import { readFileSync } from 'node:fs';
 import { ConfigError, configProblems, readBoxdKey, readEgressKey, readSnapshotKeys } from '../common/config.js';
 import { z } from 'zod';
 import { LOG_LEVELS } from '../common/logger.js';
 import { ObjectStoreConfigSchema, objectStoreProblems } from '../common/object-store.js';
+import { PreviewUrls } from './services/preview-links.js';
 
 const int = (def: number, min = 0) => z.coerce.number().int().min(min).default(def);
 const MiB = 1024 * 1024;
@@ -99,6 +101,26 @@ export const ConfigSchema = z
     /** Most entries (files, dirs, links) a snapshot may restore into a box. */
     /** How long a box lease (a wake) lives unrenewed before another party may take it over (docs/lifecycle.md). */
     BOX_LEASE_SECONDS: int(30, 5),
+    /** Traffic to a box's ports (docs/ports.md): requests and WebSockets at once per box (boxd counts them, across replicas). */
+    PORT_MAX_CONNECTIONS_PER_BOX: int(256, 1),
+    /** Bytes per second through one box's ports, both ways together (boxd slows transfers beyond it); 0: no limit. */
+    PORT_BYTES_PER_SECOND_PER_BOX: int(64 * MiB),
+    /** An app must begin its answer within this: 504 otherwise. */
+    PORT_FIRST_BYTE_TIMEOUT_MS: int(120_000, 100),
+    /** An answer or WebSocket through a port with no byte either way for this long is closed. */
+    PORT_IDLE_TIMEOUT_MS: int(600_000, 100),
+    /**
+     * Where preview links are served: a host pattern naming {port} and {box}
+     * (https://{port}-{box}.preview.example.com), or a URL with a path prefix
+     * (https://bridge.example.com/preview). Unset: no preview links (501).
+     */
+    PREVIEW_URL: z.string().optional(),
+    /** The key preview links are signed with (HMAC-SHA256), at least 32 characters, the same on every replica; or a file holding it. */
+    PREVIEW_KEY: z.string().optional(),
+    PREVIEW_KEY_FILE: z.string().min(1).optional(),
+    /** Lifetime of a preview link when the request names none, and the longest one may ask for. */
+    PREVIEW_TTL_SECONDS: int(3600, 1),
+    PREVIEW_MAX_TTL_SECONDS: int(7 * 24 * 3600, 1),
   })
   .extend(ObjectStoreConfigSchema.shape);
 
@@ -118,12 +140,46 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (parsed.success && parsed.data.OBJECT_STORE_BUCKET && !env.SNAPSHOT_ENCRYPTION_KEY && !env.SNAPSHOT_ENCRYPTION_KEY_FILE) {
     problems.push('SNAPSHOT_ENCRYPTION_KEY: with an object store (OBJECT_STORE_BUCKET), set SNAPSHOT_ENCRYPTION_KEY or SNAPSHOT_ENCRYPTION_KEY_FILE');
   }
+  if (parsed.success) problems.push(...previewProblems(parsed.data));
   if (!parsed.success || problems.length > 0) throw new ConfigError('bridge', problems);
   // The token files themselves are read (and a start-up without any token refused) by createTokenSource.
   boxdKey(parsed.data);
   snapshotKeys(parsed.data);
   egressKey(parsed.data);
+  previewKey(parsed.data);
   return parsed.data;
+}
+
+/** Preview links need a URL and a key together; the URL must be one of the two forms. */
+function previewProblems(c: Config): string[] {
+  const problems: string[] = [];
+  const key = c.PREVIEW_KEY !== undefined || c.PREVIEW_KEY_FILE !== undefined;
+  if (c.PREVIEW_URL && !key) problems.push('PREVIEW_KEY: with PREVIEW_URL, set PREVIEW_KEY or PREVIEW_KEY_FILE');
+  if (key && !c.PREVIEW_URL) problems.push('PREVIEW_URL: with a preview key, set where links are served (docs/ports.md)');
+  if (c.PREVIEW_URL) {
+    try {
+      new PreviewUrls(c.PREVIEW_URL);
+    } catch (err) {
+      problems.push(`PREVIEW_URL: ${(err as Error).message}`);
+    }
+  }
+  if (c.PREVIEW_TTL_SECONDS > c.PREVIEW_MAX_TTL_SECONDS) problems.push('PREVIEW_TTL_SECONDS: must not exceed PREVIEW_MAX_TTL_SECONDS');
+  return problems;
+}
+
+/** The key preview links are signed with, from PREVIEW_KEY or PREVIEW_KEY_FILE; undefined without one. */
+export function previewKey(config: Pick<Config, 'PREVIEW_KEY' | 'PREVIEW_KEY_FILE'>): Buffer | undefined {
+  let value = config.PREVIEW_KEY;
+  if (value === undefined && config.PREVIEW_KEY_FILE) {
+    try {
+      value = readFileSync(config.PREVIEW_KEY_FILE, 'utf8').trim();
+    } catch (err) {
+      throw new ConfigError('bridge', [`PREVIEW_KEY_FILE: cannot read ${config.PREVIEW_KEY_FILE} (${(err as Error).message})`]);
+    }
+  }
+  if (value === undefined) return undefined;
+  if (Buffer.byteLength(value) < 32) throw new ConfigError('bridge', ['PREVIEW_KEY: must be at least 32 characters']);
+  return Buffer.from(value, 'utf8');
 }
 
 /** The egress key (common/config.ts readEgressKey); undefined without one. */

@@ -3,6 +3,7 @@
 import { pino } from 'pino';
 import { createApp, type AppDeps } from './app.js';
 import { API_ROUTES } from './api-routes.js';
+import { PORT_UPGRADE_PATH } from './http/ports.js';
 import { PTY_PATH } from './http/terminals.js';
 import { createMetrics } from './metrics.js';
 import { openApiDocument, pathParameterNames } from './openapi.js';
@@ -30,7 +31,7 @@ test('the document has the shape of OpenAPI 3.1', () => {
       if ('$ref' in response) continue;
       expect(typeof response.description).toBe('string');
       for (const [type, media] of Object.entries(response.content ?? {})) {
-        expect(type).toMatch(/^[a-z]+\/[a-z0-9.+-]+$/);
+        expect(type).toMatch(/^([a-z]+\/[a-z0-9.+-]+|\*\/\*)$/);
         expect(media.schema).toEqual(expect.any(Object));
       }
     }
@@ -132,7 +133,7 @@ test('the document lists exactly the routes the bridge serves', () => {
   expect(served.every((r) => r.includes(' /api/v1/'))).toBe(true);
 
   const upgrades = API_ROUTES.filter((r) => r.responses[101]);
-  const documented = API_ROUTES.filter((r) => !r.responses[101]).map((r) => `${r.method.toUpperCase()} /api/v1${r.path}`);
+  const documented = API_ROUTES.filter((r) => !r.responses[101] && !r.proxied).map((r) => `${r.method.toUpperCase()} /api/v1${r.path}`);
   expect(served).toEqual(documented.sort());
 
   // The WebSocket route is served by the upgrade handler, not Express.
@@ -169,4 +170,21 @@ test('the memory store routes (issue 21): write scope, the contract body, 409 fo
   expect(doc.components.schemas.MountMemoryRequest).toMatchObject({ required: ['store_name', 'store_id', 'read_only'], additionalProperties: false });
   expect(doc.components.schemas.MemoryMounted).toMatchObject({ required: ['path', 'store_name', 'store_id', 'read_only', 'files', 'bytes'] });
   expect(sync.parameters!.map((p) => p.name)).toEqual(['id', 'storeName']);
+});
+
+test('the ports route (issue 23): every method, boxes:write, served by the ports proxy', () => {
+  const proxied = API_ROUTES.filter((r) => r.proxied);
+  expect(proxied.map((r) => r.method).sort()).toEqual(['delete', 'get', 'head', 'options', 'patch', 'post', 'put']);
+  for (const r of proxied) {
+    expect(r.path).toBe('/boxes/{id}/ports/{port}/{path}');
+    expect(doc.paths[r.path]![r.method]!.security).toEqual([{ bearer: ['boxes:write'] }]);
+  }
+  for (const path of ['/api/v1/boxes/box-0123456789ab-0/ports/8000/', '/api/v1/boxes/box-0123456789ab-0/ports/8000/a/b?c=d', '/api/v1/boxes/b/ports/3000']) {
+    expect(PORT_UPGRADE_PATH.test(path)).toBe(true);
+  }
+  const preview = doc.paths['/boxes/{id}/ports/{port}/preview']!;
+  expect(preview.post!.security).toEqual([{ bearer: ['boxes:write'] }]);
+  expect(preview.delete!.security).toEqual([{ bearer: ['boxes:write'] }]);
+  expect(preview.post!.parameters!.map((p) => p.name)).toEqual(['id', 'port']);
+  expect(doc.components.schemas.PreviewCreated).toMatchObject({ required: ['box_id', 'port', 'url', 'expires_at'] });
 });

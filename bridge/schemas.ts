@@ -561,3 +561,29 @@ export const BoxEgress = z.object({
   credential_hosts: z.array(z.string()).describe('Hosts with registered credentials (never their values)'),
 });
 export const EgressCredentialsSet = z.object({ box_id: z.string(), credential_hosts: z.array(z.string()), updated_at: z.string() });
+
+// ---- ports and preview links (docs/ports.md) ----
+
+export const PortParams = BoxParams.extend({
+  port: z.coerce.number().int().min(1).max(65535).describe('A port an app in the box listens on (on any address of the box, its loopback included)'),
+  path: z.string().describe("The app's path, its segments and query as they are (empty: /)"),
+});
+export const PortPreviewParams = BoxParams.extend({
+  port: z.coerce.number().int().min(1).max(65535).describe('The port the link reaches'),
+});
+export const CreatePreviewRequest = z
+  .object({
+    expires_in_seconds: z.number().int().min(1).optional().describe('Lifetime of the link (default PREVIEW_TTL_SECONDS, at most PREVIEW_MAX_TTL_SECONDS)'),
+  })
+  .strict();
+export const PreviewCreated = z.object({
+  box_id: z.string(),
+  port: z.number().int(),
+  url: z.string().describe('Opens the port in a browser without the bridge token, until expires_at'),
+  expires_at: z.string(),
+});
+export const PreviewsRevoked = z.object({
+  box_id: z.string(),
+  port: z.number().int(),
+  revoked_at: z.string().describe('Every preview link to the port made before this stops working (within 5 s on every replica)'),
+});

@@ -1,7 +1,8 @@
 // Wires the bridge together (config -> Kubernetes clients -> caches -> services -> app) and
 // runs it: API port, probe/metrics port, graceful shutdown. main.ts calls startBridge;
 // integration tests do too, to run one or more real replicas in-process.
-import type { Server } from 'node:http';
+import type { IncomingMessage, Server } from 'node:http';
+import type { Duplex } from 'node:stream';
 import { readFileSync } from 'node:fs';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
@@ -12,9 +13,10 @@ import { DEFAULT_BOX_IMAGE, withDefaults } from '../common/pool.js';
 import { createProbeServer, listen } from '../common/probe-server.js';
 import { createApp } from './app.js';
 import { BoxdClient } from '../common/boxd-client.js';
-import { boxdKey, egressKey, snapshotKeys, trustProxySetting, type Config } from './config.js';
+import { boxdKey, egressKey, previewKey, snapshotKeys, trustProxySetting, type Config } from './config.js';
 import { KeyedLimiter } from '../common/rate-limit.js';
 import { admitUpgrade } from './http/auth.js';
+import { portUpgrades } from './http/ports.js';
 import { terminalUpgrades } from './http/terminals.js';
 import { createTokenSource } from './http/tokens.js';
 import { BoxCache } from './kube/box-cache.js';
@@ -45,6 +47,8 @@ import { BoxContextService } from './services/box-context.js';
 import { EgressService } from './services/egress.js';
 import { SessionOutputsService } from './services/session-outputs.js';
 import { MemoryMountService } from './services/mounts.js';
+import { PortService } from './services/ports.js';
+import { PreviewSigner, PreviewUrls } from './services/preview-links.js';
 import { mountsClient } from '../common/memory-store.js';
 
 /** The package version: package.json is one level up from bridge/, two from dist/bridge/. */
@@ -245,6 +249,29 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
   const sessionOutputs: SessionOutputsService = new SessionOutputsService({ connector, boxes, records, boxd, store, policy, budget, log });
   const memoryMounts: MemoryMountService = new MemoryMountService({ connector, boxes, records, store, policy, client: mountsClient, log });
   if (!store) log.info('no object store configured (OBJECT_STORE_BUCKET): snapshot routes answer 501');
+  const signingKey = previewKey(config);
+  const ports = new PortService({
+    connector,
+    boxd,
+    budget,
+    boxes,
+    records,
+    limits: {
+      maxConnectionsPerBox: config.PORT_MAX_CONNECTIONS_PER_BOX,
+      bytesPerSecondPerBox: config.PORT_BYTES_PER_SECOND_PER_BOX,
+      firstByteMs: config.PORT_FIRST_BYTE_TIMEOUT_MS,
+      idleMs: config.PORT_IDLE_TIMEOUT_MS,
+    },
+    previews:
+      config.PREVIEW_URL && signingKey
+        ? {
+            signer: new PreviewSigner(signingKey),
+            urls: new PreviewUrls(config.PREVIEW_URL),
+            defaultTtlSeconds: config.PREVIEW_TTL_SECONDS,
+            maxTtlSeconds: config.PREVIEW_MAX_TTL_SECONDS,
+          }
+        : undefined,
+  });
   const cluster = new ClusterService({
     core,
     version: makeApiClient(kc, k8s.VersionApi, config.KUBE_TIMEOUT_MS, { health }),
@@ -280,6 +307,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     egress,
     sessionOutputs,
     memoryMounts,
+    ports,
     cluster,
     version: BRIDGE_VERSION,
     trustProxy: trustProxySetting(config.TRUST_PROXY),
@@ -304,7 +332,30 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
         presented,
       ).then(() => undefined),
   });
-  apiServer.on('upgrade', terminals.onUpgrade);
+  const portTraffic = portUpgrades({
+    ports,
+    log,
+    trustProxy: trustProxySetting(config.TRUST_PROXY),
+    failures: limits.authFailures,
+    admit: (req) =>
+      admitUpgrade(
+        {
+          tokens,
+          failures: limits.authFailures,
+          requests: limits.requests,
+          scope: 'boxes:write',
+          what: 'traffic to a port',
+          onFailure: (reason) => metrics.authFailures.inc({ reason }),
+          onLimited: () => metrics.rateLimited.inc({ reason: 'auth_failures' }),
+        },
+        { ip: req.socket.remoteAddress },
+        /^Bearer\s+(\S+)\s*$/i.exec(req.headers.authorization ?? '')?.[1],
+      ).then(() => undefined),
+  });
+  // Upgrades bypass Express: a port's (the API route or a preview link), else a terminal.
+  apiServer.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) =>
+    portTraffic.handles(req) ? portTraffic.onUpgrade(req, socket, head) : terminals.onUpgrade(req, socket, head),
+  );
   await new Promise<void>((resolve, reject) => {
     apiServer.once('listening', resolve);
     apiServer.once('error', reject);
@@ -338,6 +389,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
       await Promise.race([closed, grace]);
       apiServer.closeAllConnections();
       terminals.close();
+      portTraffic.close();
       sleeping.stop();
       boxd.close();
       store?.close();

@@ -7,12 +7,18 @@ export const ERROR_STATUS = {
   forbidden: 403,
   not_found: 404,
   conflict: 409,
+  /** A preview link that expired or was revoked (docs/ports.md). */
+  gone: 410,
   payload_too_large: 413,
   quota_exceeded: 429,
   rate_limited: 429,
   internal_error: 500,
   not_implemented: 501,
+  /** The ports route: nothing listens on the port in the box, or the app broke the connection off. */
+  bad_gateway: 502,
   cluster_unavailable: 503,
+  /** The ports route: the app did not begin its answer in time. */
+  gateway_timeout: 504,
 } as const;
 
 export type ErrorType = keyof typeof ERROR_STATUS;

@@ -93,8 +93,9 @@ export const ANNOTATIONS = {
   /** On a box pod: "true" when it has the memory-store sidecar (the bridge's pod cache keeps no init containers). */
   memoryStores: `${API_GROUP}/memory-stores`,
   /**
-   * On a box's record: its preview generation (a number, absent: 0). Preview links carry the one
-   * they were made under; revoking the box's links moves it on (bridge/services/ports.ts).
+   * On a box's record: the preview generation of each port whose links were revoked (JSON
+   * {"<port>": n}; a port absent: 0). Preview links carry the one they were made under; revoking
+   * a port's links moves it on (bridge/services/ports.ts).
    */
   previewGeneration: `${API_GROUP}/preview-generation`,
 } as const;

@@ -46,7 +46,7 @@ export function authenticate(o: AuthOptions): RequestHandler {
  * never sees (a WebSocket upgrade): resolves with the token, or rejects with the error to answer.
  */
 export async function admitUpgrade(
-  o: AuthOptions & { requests: KeyedLimiter; scope: Scope },
+  o: AuthOptions & { requests: KeyedLimiter; scope: Scope; what?: string },
   source: Pick<Request, 'ip'>,
   presented: string | undefined,
 ): Promise<Token> {
@@ -64,7 +64,7 @@ export async function admitUpgrade(
   }
   const limit = await o.requests.take(token.name);
   if (!limit.allowed) throw new BridgeError('rate_limited', `token "${token.name}" is over its request rate`, { headers: { 'Retry-After': String(limit.resetSeconds) } });
-  if (!hasScope(token, o.scope)) throw new BridgeError('forbidden', `token "${token.name}" lacks the scope ${o.scope}, which a terminal needs`);
+  if (!hasScope(token, o.scope)) throw new BridgeError('forbidden', `token "${token.name}" lacks the scope ${o.scope}, which ${o.what ?? 'a terminal'} needs`);
   return token;
 }
 

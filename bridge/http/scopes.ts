@@ -14,13 +14,17 @@ const READ_METHODS = new Set(['GET', 'HEAD']);
  */
 const CONTENTS = [/^\/boxes\/[^/]+\/files(\/list)?$/, /^\/boxes\/[^/]+\/archive$/, /^\/boxes\/[^/]+\/processes\/[^/]+\/output$/];
 
+/** Traffic to a box's ports, as OpenAPI writes it ({port}) or as requested. */
+const PORTS = /^\/boxes\/[^/]+\/ports\/[^/]+(\/.*)?$/;
+
 /** The scope a request needs; undefined: any valid token. */
 export function requiredScope(method: string, path: string): Scope | undefined {
   if (path === '/health' || path === '/openapi.json') return undefined;
   const read = READ_METHODS.has(method.toUpperCase());
   if (path === '/boxes' || path.startsWith('/boxes/') || path === '/snapshots' || path.startsWith('/snapshots/')) {
-    // A terminal is a GET (the WebSocket upgrade) but types commands into the box.
-    if (!read || path.endsWith('/pty')) return 'boxes:write';
+    // A terminal is a GET (the WebSocket upgrade) but types commands into the box; an app behind a
+    // port may act on any request, whatever its method (docs/ports.md).
+    if (!read || path.endsWith('/pty') || PORTS.test(path)) return 'boxes:write';
     return CONTENTS.some((re) => re.test(path)) ? 'boxes:contents' : 'boxes:read';
   }
   // A session's outputs are files box code wrote: contents (never a wake, services/session-outputs.ts).

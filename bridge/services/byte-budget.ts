@@ -9,7 +9,7 @@ const KiB = 1024;
 const MiB = 1024 * KiB;
 
 /** What a hold is for: the label of refusals in the metrics. */
-export type HoldKind = 'exec' | 'output' | 'terminal' | 'file' | 'archive' | 'answer';
+export type HoldKind = 'exec' | 'output' | 'terminal' | 'file' | 'archive' | 'answer' | 'port';
 
 /**
  * What each kind of relay holds at most, by design (high watermarks and the largest frame),
@@ -36,7 +36,7 @@ export const HOLD_BYTES = {
    * way to boxd.
    */
   terminal: 2.5 * MiB,
-  /** A byte stream passed through (file and archive transfers): a chunk per side and the watermarks. */
+  /** A byte stream passed through (file and archive transfers, a request to a port): a chunk per side and the watermarks. */
   pipe: 256 * KiB,
 } as const;
 

@@ -17,8 +17,9 @@ export class ContractError extends Error {
 const MATCHERS = API_ROUTES.map((route) => ({
   route,
   params: (route.path.match(/\{/g) ?? []).length,
-  // A trailing {path} spans segments (GET /sessions/{sessionId}/outputs/{path}); other parameters are one each.
-  regex: new RegExp(`^${route.path.replace(/[.]/g, '\\.').replace(/\{path\}$/, '.+').replace(/\{[^}]+\}/g, '[^/]+')}$`),
+  // A trailing {path} spans segments (GET /sessions/{sessionId}/outputs/{path}), and may be empty
+  // (/boxes/{id}/ports/{port}/); other parameters are one each.
+  regex: new RegExp(`^${route.path.replace(/[.]/g, '\\.').replace(/\{path\}$/, '.*').replace(/\{[^}]+\}/g, '[^/]+')}$`),
 })).sort((a, b) => a.params - b.params);
 
 /** The route of the table that serves `method path` (path under /api/v1, query allowed). */
@@ -52,6 +53,8 @@ const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'obj
 export function documentedBody(method: string, path: string, status: number, contentType: string | null): { what: string; payload: Content[string] } {
   const route = routeOf(method, path);
   const what = `${method.toUpperCase()} ${path.split('?')[0]} -> ${status}`;
+  // A port's answers are its app's, whatever their status and type.
+  if (route?.proxied) return { what, payload: 'bytes' };
   const media = (contentType ?? '').split(';')[0]!.trim().toLowerCase();
   if (status >= 400) {
     if (route && !errorStatuses(route).includes(status)) {

@@ -4,7 +4,7 @@
 //
 //	portapp -listen 127.0.0.1:8000
 //
-// Routes: "/" a line of text; /echo the request as JSON (method, path, query, host, headers,
+// Routes: "/" a line of text; /echo[/...] the request as JSON (method, path, query, host, headers,
 // body size); /stream the body back as it arrives; /sse?n=&every_ms= n server-sent events;
 // /bytes?n= n bytes; /cookie sets cookies (with Domain and Path); any WebSocket upgrade is an
 // echo (testkit.WSEcho).
@@ -36,14 +36,16 @@ func main() {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintf(w, "hello from portapp on %s\n", *listen)
 	})
-	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
+	echo := func(w http.ResponseWriter, r *http.Request) {
 		n, _ := io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{
 			"method": r.Method, "path": r.URL.EscapedPath(), "query": r.URL.RawQuery, "host": r.Host,
 			"headers": r.Header, "body_bytes": n,
 		})
-	})
+	}
+	mux.HandleFunc("/echo", echo)
+	mux.HandleFunc("/echo/", echo)
 	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		rc := http.NewResponseController(w)
