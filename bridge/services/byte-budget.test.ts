@@ -1,5 +1,6 @@
 // The per-replica memory budget: holds, refusals, growth, and output held against it.
-import { ByteBudget, HeldBytes } from './byte-budget.js';
+import { ByteBudget, HOLD_BYTES, HeldBytes } from './byte-budget.js';
+import { EXEC_FRAME_LIMIT } from './exec.js';
 
 test('a hold refuses what does not fit with 503 and Retry-After, what can never fit with 413, and gives bytes back once', () => {
   const refused: string[] = [];
@@ -66,4 +67,14 @@ test('an empty stream holds nothing', () => {
   const out = new HeldBytes(budget.reserve(0, 'exec'), 100);
   expect(out.chunks()).toEqual([]);
   expect([out.size, out.truncated, budget.inUse()]).toEqual([0, false, 0]);
+});
+
+test("an exec's hold covers what its relay may hold: a frame at the relay's bound with the chunk it came in, boxd's response buffer, one encoded output piece", () => {
+  const KiB = 1024;
+  const frameWithChunk = 2 * EXEC_FRAME_LIMIT; // a frame being assembled and the chunk it arrived in
+  const responseBuffer = 64 * KiB; // the response's high-water mark
+  const encodedPiece = 6 * 32 * KiB; // one output line or a one-piece answer: at most 6 bytes of JSON per byte of 32 KiB
+  expect(frameWithChunk + responseBuffer + encodedPiece).toBeLessThanOrEqual(HOLD_BYTES.exec);
+  // and boxd's largest exec frame (32 KiB, PROTOCOL.md) passes the relay's bound
+  expect(EXEC_FRAME_LIMIT).toBeGreaterThanOrEqual(32 * KiB);
 });
