@@ -1107,3 +1107,58 @@ describe('egress gateway', () => {
     expect(down.labels).toEqual({ severity: 'critical' });
   });
 });
+
+describe('ports and preview links (docs/ports.md)', () => {
+  const PREVIEW_SECRET = 'rel-sandbox-bridge-preview-key';
+  const volumeOf = (dep: Doc, name: string) => dep.spec.template.spec.volumes.find((v: k8s.V1Volume) => v.name === name);
+
+  test('defaults: the port limits as env; no preview URL, key, Secret or Ingress (links answer 501)', () => {
+    const out = template();
+    const dep = out.one('Deployment', BRIDGE);
+    expect(env(dep)).toMatchObject({ PORT_MAX_CONNECTIONS_PER_BOX: '256', PORT_BYTES_PER_SECOND_PER_BOX: '67108864', PORT_FIRST_BYTE_TIMEOUT_MS: '120000', PORT_IDLE_TIMEOUT_MS: '600000' });
+    expect(env(dep).PREVIEW_URL).toBeUndefined();
+    expect(env(dep).PREVIEW_KEY_FILE).toBeUndefined();
+    expect(volumeOf(dep, 'preview-key')).toBeUndefined();
+    expect(out.all('Secret').map((s) => s.metadata.name)).not.toContain(PREVIEW_SECRET);
+    expect(out.all('Ingress')).toHaveLength(0);
+  });
+
+  test('a host pattern: the key generated into a Secret and mounted; the wildcard Ingress with TLS through a DNS-01 issuer', () => {
+    const out = template({
+      secret: { token: TOKEN },
+      ports: { maxConnectionsPerBox: 10, preview: { url: 'https://{port}-{box}.preview.example.com', ttlSeconds: 600, ingress: { enabled: true, className: 'nginx', clusterIssuer: 'dns01' } } },
+    });
+    const dep = out.one('Deployment', BRIDGE);
+    expect(env(dep)).toMatchObject({ PORT_MAX_CONNECTIONS_PER_BOX: '10', PREVIEW_URL: 'https://{port}-{box}.preview.example.com', PREVIEW_KEY_FILE: '/var/run/secrets/sandbox-bridge-preview/key', PREVIEW_TTL_SECONDS: '600', PREVIEW_MAX_TTL_SECONDS: '604800' });
+    expect(volumeOf(dep, 'preview-key').secret).toMatchObject({ secretName: PREVIEW_SECRET, items: [{ key: 'key', path: 'key' }] });
+    const key = Buffer.from(out.one('Secret', PREVIEW_SECRET).data.key, 'base64').toString();
+    expect(key).toMatch(/^[A-Za-z0-9]{64}$/);
+    const ing = out.one('Ingress', `${BRIDGE}-preview`);
+    expect(ing.spec.rules).toEqual([{ host: '*.preview.example.com', http: { paths: [{ path: '/', pathType: 'Prefix', backend: { service: { name: BRIDGE, port: { name: 'http' } } } }] } }]);
+    expect(ing.spec.tls).toEqual([{ hosts: ['*.preview.example.com'], secretName: 'rel-sandbox-bridge-preview-tls' }]);
+    expect(ing.spec.ingressClassName).toBe('nginx');
+    expect(ing.metadata.annotations).toMatchObject({ 'cert-manager.io/cluster-issuer': 'dns01', 'nginx.ingress.kubernetes.io/proxy-buffering': 'off' });
+  });
+
+  test('a given key is used as is, a short one fails; an existing Secret is mounted under its key and none rendered', () => {
+    const given = template({ secret: { token: TOKEN }, ports: { preview: { url: 'https://b.example.com/preview', key: 'p'.repeat(40) } } });
+    expect(Buffer.from(given.one('Secret', PREVIEW_SECRET).data.key, 'base64').toString()).toBe('p'.repeat(40));
+    const short = template({ secret: { token: TOKEN }, ports: { preview: { url: 'https://b.example.com/preview', key: 'short' } } });
+    expect(short.status).not.toBe(0);
+    expect(short.stderr).toContain('ports.preview.key must be at least 32 characters');
+    const existing = template({ secret: { token: TOKEN }, ports: { preview: { url: 'https://b.example.com/preview', existingSecret: 'mine', secretKey: 'k' } } });
+    expect(existing.all('Secret').map((s) => s.metadata.name)).not.toContain(PREVIEW_SECRET);
+    expect(volumeOf(existing.one('Deployment', BRIDGE), 'preview-key').secret).toMatchObject({ secretName: 'mine', items: [{ key: 'k', path: 'key' }] });
+  });
+
+  test('the preview Ingress needs a host pattern (or a host); the schema refuses a URL that is not http(s)', () => {
+    const path = template({ secret: { token: TOKEN }, ports: { preview: { url: 'https://b.example.com/preview', ingress: { enabled: true } } } });
+    expect(path.status).not.toBe(0);
+    expect(path.stderr).toContain('first label holds {port} and {box}');
+    const host = template({ secret: { token: TOKEN }, ports: { preview: { url: 'https://b.example.com/preview', ingress: { enabled: true, host: 'p.example.com', tls: false } } } });
+    expect(host.one('Ingress', `${BRIDGE}-preview`).spec.rules[0].host).toBe('p.example.com');
+    const bad = template({ secret: { token: TOKEN }, ports: { preview: { url: 'preview.example.com' } } });
+    expect(bad.status).toBe(1);
+    expect(bad.stderr).toMatch(/values don't meet the specifications of the schema/);
+  });
+});

@@ -221,3 +221,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- include (print .Template.BasePath "/egress-key-secret.yaml") . | sha256sum }}
 {{- end }}
 {{- end }}
+
+{{/* The Secret holding the key preview links are signed with: existingSecret, or the chart's own. */}}
+{{- define "sandbox-bridge.previewKeySecretName" -}}
+{{- default (printf "%s-preview-key" (include "sandbox-bridge.fullname" .)) .Values.ports.preview.existingSecret }}
+{{- end }}
