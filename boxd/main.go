@@ -19,15 +19,19 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"sandbox-bridge.io/boxd/auth"
 	"sandbox-bridge.io/boxd/cabundle"
+	"sandbox-bridge.io/boxd/files"
+	"sandbox-bridge.io/boxd/metrics"
 	"sandbox-bridge.io/boxd/mounts"
 	"sandbox-bridge.io/boxd/ports"
 	"sandbox-bridge.io/boxd/process"
 	"sandbox-bridge.io/boxd/server"
+	"sandbox-bridge.io/boxd/watch"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -181,6 +185,18 @@ func serve() error {
 		go bundle.Run(bundleCtx)
 	}
 
+	// File watches (one inotify instance for all) and the box's use, sampled every 5 s.
+	watches := watch.New(files.NewBox(protected), watch.Config{})
+	volumes, err := volumeLimits(os.Getenv("BOXD_VOLUME_LIMITS"))
+	if err != nil {
+		return err
+	}
+	sampler := metrics.New(metrics.Config{Volumes: volumes})
+	if sampler.Version() == "" {
+		log.Warn("the box's cgroup cannot be read: /v1/metrics answers 500")
+	}
+	go sampler.Run(bundleCtx)
+
 	ln, err := net.Listen("tcp", ":"+strconv.Itoa(cfg.port))
 	if err != nil {
 		return err
@@ -190,7 +206,8 @@ func serve() error {
 	defer portProxy.Close()
 	srv := &http.Server{
 		Handler: server.New(server.Config{
-			Version: version, StartedAt: time.Now(), Auth: checker, Procs: procs, Protected: protected, Ports: portProxy, Log: log,
+			Version: version, StartedAt: time.Now(), Auth: checker, Procs: procs, Protected: protected, Ports: portProxy,
+			Watch: watches, Metrics: sampler, Log: log,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       5 * time.Minute,
@@ -211,6 +228,7 @@ func serve() error {
 		// container), running streams end with an error frame, then boxd exits 0.
 		log.Info("boxd stopping", "signal", sig.String())
 		stopBundle()
+		watches.Close()
 		procs.Shutdown()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -219,6 +237,26 @@ func serve() error {
 		}
 		return nil
 	}
+}
+
+// volumeLimits parses BOXD_VOLUME_LIMITS, "/workspace=1073741824,/tmp=268435456": the volumes
+// whose use /v1/metrics reports and their limits in bytes (0: unknown), which a disk-backed
+// emptyDir's statfs does not show (common/box-pod.ts sets it from the pod's sizeLimits).
+// Unset: /workspace and /tmp, limits unknown.
+func volumeLimits(v string) ([]metrics.Volume, error) {
+	if v == "" {
+		return []metrics.Volume{{Path: "/workspace"}, {Path: "/tmp"}}, nil
+	}
+	var out []metrics.Volume
+	for _, item := range strings.Split(v, ",") {
+		p, n, ok := strings.Cut(strings.TrimSpace(item), "=")
+		limit, err := strconv.ParseUint(n, 10, 64)
+		if !ok || err != nil || !filepath.IsAbs(p) {
+			return nil, fmt.Errorf("BOXD_VOLUME_LIMITS: %q is not /path=bytes", item)
+		}
+		out = append(out, metrics.Volume{Path: filepath.Clean(p), Limit: limit})
+	}
+	return out, nil
 }
 
 // serveMounts runs the memory-store sidecar: no processes, no env, only the memory volumes.

@@ -134,3 +134,19 @@ func TestInstall(t *testing.T) {
 		t.Fatalf("left behind: %v", entries)
 	}
 }
+
+func TestVolumeLimits(t *testing.T) {
+	v, err := volumeLimits("")
+	if err != nil || len(v) != 2 || v[0].Path != "/workspace" || v[1].Path != "/tmp" || v[0].Limit != 0 {
+		t.Fatalf("unset: %+v %v", v, err)
+	}
+	v, err = volumeLimits("/workspace=1073741824, /tmp/=268435456")
+	if err != nil || len(v) != 2 || v[0].Limit != 1<<30 || v[1].Path != "/tmp" || v[1].Limit != 256<<20 {
+		t.Fatalf("set: %+v %v", v, err)
+	}
+	for _, bad := range []string{"workspace=1", "/workspace", "/workspace=1Gi", "/workspace=-1", "/workspace=1,"} {
+		if _, err := volumeLimits(bad); err == nil {
+			t.Fatalf("%q accepted", bad)
+		}
+	}
+}

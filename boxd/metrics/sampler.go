@@ -76,7 +76,7 @@ type Answer struct {
 	Sample
 	Cgroup          string   `json:"cgroup"`
 	IntervalSeconds float64  `json:"interval_seconds"`
-	History         []Sample `json:"history,omitempty"`
+	History         []Sample `json:"history,omitzero"`
 }
 
 // point is what a CPU rate is computed from.

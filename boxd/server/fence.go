@@ -87,9 +87,14 @@ func (g *gate) lift(epoch uint64) (bool, error) {
 	return true, nil
 }
 
-// exempt routes are neither counted nor fenced: probes, and the sleeper's own calls.
+// exempt routes are neither counted nor fenced: probes, the sleeper's own calls, and reads
+// that only observe the box (a file watch, its metrics), which must not keep it awake.
 func exempt(path string) bool {
-	return path == "/v1/health" || path == "/v1/activity" || path == "/v1/fence"
+	switch path {
+	case "/v1/health", "/v1/activity", "/v1/fence", "/v1/files/watch", "/v1/metrics":
+		return true
+	}
+	return false
 }
 
 // admitted passes a call through the gate.
@@ -133,6 +138,9 @@ func (s *server) raiseFence(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeError(w, err)
 		return
+	}
+	if s.Watch != nil {
+		s.Watch.EndAll("sleep") // the box is going: its watches end now, not with the pod
 	}
 	s.Log.Info("fence raised", "epoch", req.Epoch, "calls", calls)
 	writeJSON(w, http.StatusOK, map[string]any{"epoch": req.Epoch, "calls": calls})

@@ -15,9 +15,11 @@ import (
 
 	"sandbox-bridge.io/boxd/auth"
 	"sandbox-bridge.io/boxd/errs"
+	"sandbox-bridge.io/boxd/metrics"
 	"sandbox-bridge.io/boxd/ports"
 	"sandbox-bridge.io/boxd/process"
 	"sandbox-bridge.io/boxd/reqlog"
+	"sandbox-bridge.io/boxd/watch"
 )
 
 // Config of the server.
@@ -30,7 +32,10 @@ type Config struct {
 	Protected []string
 	// Ports serves /v1/ports/{port}/... (package ports); nil: no such route.
 	Ports http.Handler
-	Log   *slog.Logger
+	// Watch serves /v1/files/watch, Metrics /v1/metrics; nil: no such route.
+	Watch   *watch.Hub
+	Metrics *metrics.Sampler
+	Log     *slog.Logger
 }
 
 // Limits used when a request names none.
@@ -74,6 +79,8 @@ func New(cfg Config) http.Handler {
 	mux.HandleFunc("PUT /v1/files", s.writeFile)
 	mux.HandleFunc("DELETE /v1/files", s.deleteFile)
 	mux.HandleFunc("GET /v1/files/list", s.listFiles)
+	mux.HandleFunc("GET /v1/files/watch", s.watchFiles)
+	mux.HandleFunc("GET /v1/metrics", s.boxMetrics)
 	mux.HandleFunc("GET /v1/archive", s.readArchive)
 	mux.HandleFunc("PUT /v1/archive", s.writeArchive)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

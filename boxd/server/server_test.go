@@ -24,10 +24,13 @@ import (
 	"time"
 
 	"sandbox-bridge.io/boxd/auth"
+	"sandbox-bridge.io/boxd/files"
 	"sandbox-bridge.io/boxd/frames"
 	"sandbox-bridge.io/boxd/internal/testkit"
+	"sandbox-bridge.io/boxd/metrics"
 	"sandbox-bridge.io/boxd/ports"
 	"sandbox-bridge.io/boxd/process"
+	"sandbox-bridge.io/boxd/watch"
 )
 
 const token = "test-token"
@@ -100,6 +103,8 @@ func newBox(t *testing.T) *box {
 	srv := httptest.NewUnstartedServer(New(Config{
 		Version: "test", StartedAt: time.Now(), Auth: checker, Procs: procs, Protected: []string{secret},
 		Ports: ports.New(log), Log: log,
+		Watch:   watch.New(files.NewBox([]string{secret}), watch.Config{}),
+		Metrics: metrics.New(metrics.Config{Volumes: []metrics.Volume{{Path: workdir, Limit: 1 << 30}}}),
 	}))
 	writes := &atomic.Int64{}
 	srv.Listener = countingListener{srv.Listener, writes}
