@@ -26,6 +26,8 @@ const gateway = (host?: string): Pick<EgressPolicy, 'mode' | 'gateway'> => ({
 });
 
 const box = (pod: V1Pod) => pod.spec!.containers[0]!;
+// The pool defaults' sizeLimits (1Gi, 256Mi) in bytes, for boxd's metrics.
+const VOLUME_LIMITS = { name: 'BOXD_VOLUME_LIMITS', value: '/workspace=1073741824,/tmp=268435456' };
 
 test('gateway mode: the proxy env in order, the credential by reference only, the CA bundle variables and volumes', () => {
   const pod = buildBoxPod(params(gateway()));
@@ -33,6 +35,7 @@ test('gateway mode: the proxy env in order, the credential by reference only, th
   // Order matters: Kubernetes expands $(VAR) only of entries before the one that uses it.
   expect(box(pod).env).toEqual([
     { name: 'HOME', value: '/workspace' },
+    VOLUME_LIMITS,
     { name: 'SANDBOX_EGRESS_POD', valueFrom: { fieldRef: { fieldPath: 'metadata.name' } } },
     { name: 'SANDBOX_EGRESS_CREDENTIAL', valueFrom: { secretKeyRef: { name: 'rec-box-abc-0', key: 'egress-proxy', optional: true } } },
     { name: 'HTTP_PROXY', value: proxy },
@@ -78,7 +81,7 @@ test('gateway mode with gateway.host: the proxy names that host (an IPv6 address
 
 test('direct mode: none of it', () => {
   const pod = buildBoxPod(params({ mode: 'direct', gateway: gateway().gateway }));
-  expect(box(pod).env).toEqual([{ name: 'HOME', value: '/workspace' }]);
+  expect(box(pod).env).toEqual([{ name: 'HOME', value: '/workspace' }, VOLUME_LIMITS]);
   const text = JSON.stringify(pod);
   for (const absent of ['egress', 'PROXY', 'proxy', 'CA_BUNDLE', 'SSL_CERT_FILE', 'egw']) expect(text).not.toContain(absent);
   expect(pod.spec!.volumes!.map((v) => v.name)).toEqual(['workspace', 'tmp', 'outputs', 'boxd', 'box-secret']);

@@ -131,7 +131,7 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
           imagePullPolicy: 'IfNotPresent',
           command: [BOXD_BINARY, 'serve'],
           workingDir: WORKSPACE,
-          env: [{ name: 'HOME', value: WORKSPACE }, ...(egress?.env ?? [])],
+          env: [{ name: 'HOME', value: WORKSPACE }, volumeLimitsEnv(p.box), ...(egress?.env ?? [])],
           ports: [{ name: 'boxd', containerPort: BOXD_PORT, protocol: 'TCP' }],
           resources,
           securityContext: LOCKED_DOWN,
@@ -168,6 +168,15 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
       ],
     },
   };
+}
+
+/**
+ * BOXD_VOLUME_LIMITS: the volumes boxd's metrics report and their sizeLimits in bytes (a
+ * disk-backed emptyDir's statfs answers for the node's disk, so boxd cannot see them).
+ */
+function volumeLimitsEnv(box: BoxPolicy): V1EnvVar {
+  const bytes = (q: string) => Math.floor(parseQuantity(q));
+  return { name: 'BOXD_VOLUME_LIMITS', value: `${WORKSPACE}=${bytes(box.workspaceSizeLimit)},/tmp=${bytes(box.tmpSizeLimit)}` };
 }
 
 /**
