@@ -626,3 +626,29 @@ describe('the platform port routes (issue 21)', () => {
     ]);
   });
 });
+
+describe('ports and preview links', () => {
+  test('portFetch: the app path as given under the port route, the token added, the answer as the app gave it; previews made and revoked', async () => {
+    const { fetch, seen } = scriptedFetch(
+      new Response('not here', { status: 404, headers: { 'content-type': 'text/plain' } }),
+      json(200, { box_id: 'b', port: 8000, url: 'https://8000-b.preview.example.com/?t=x', expires_at: '2026-01-01T00:00:00.000Z' }),
+      json(200, { box_id: 'b', port: 8000, url: 'u', expires_at: 'e' }),
+      json(200, { box_id: 'b', port: 8000, revoked_at: 'r' }),
+    );
+    const c = client(fetch);
+    const res = await c.portFetch('b', 8000, '/a%2Fb/c?x=1&y', { method: 'PUT', body: 'hi', headers: { 'x-app': '1', authorization: 'Basic app' } });
+    expect(res.status).toBe(404);
+    expect(await res.text()).toBe('not here');
+    expect(seen[0]!.method).toBe('PUT');
+    expect(seen[0]!.url.href).toBe('https://bridge.example.com/api/v1/boxes/b/ports/8000/a%2Fb/c?x=1&y');
+    expect(seen[0]!.headers).toMatchObject({ authorization: 'Bearer tok', 'x-app': '1' });
+    expect(c.portUrl('b', 3000)).toBe('https://bridge.example.com/api/v1/boxes/b/ports/3000/');
+    expect((await c.createPreview('b', 8000, { expiresInSeconds: 60 })).url).toBe('https://8000-b.preview.example.com/?t=x');
+    expect({ method: seen[1]!.method, path: seen[1]!.url.pathname, body: seen[1]!.body }).toEqual({ method: 'POST', path: '/api/v1/boxes/b/ports/8000/preview', body: '{"expires_in_seconds":60}' });
+    await c.createPreview('b', 8000);
+    expect(seen[2]!.body).toBe('{}');
+    expect(await c.revokePreviews('b', 8000)).toEqual({ box_id: 'b', port: 8000, revoked_at: 'r' });
+    expect({ method: seen[3]!.method, path: seen[3]!.url.pathname }).toEqual({ method: 'DELETE', path: '/api/v1/boxes/b/ports/8000/preview' });
+    expect(() => c.portUrl('b', 0)).toThrow(/port/);
+  });
+});

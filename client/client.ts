@@ -35,6 +35,8 @@ import type {
   OutputEvent,
   OutputsMount,
   PodMetricsList,
+  PreviewLink,
+  PreviewsRevoked,
   ProcessInfo,
   ProcessList,
   ProcessSignal,
@@ -184,6 +186,22 @@ export interface BridgeClient {
   listSessionOutputs(sessionId: string, opts?: CallOptions): Promise<SessionOutputs>;
   /** One output file's raw bytes (path relative to /mnt/session/outputs). */
   readSessionOutput(sessionId: string, path: string, opts?: CallOptions): Promise<Uint8Array>;
+
+  // ---- ports and preview links (docs/ports.md) ----
+  /**
+   * A request to a port an app in the box listens on (its loopback included), through the bridge
+   * with this client's token: the app's answer as it is, any status, its body a stream. `path`
+   * is the app's path and query ("/", "/api/items?x=1"), sent as given. The bridge's own errors
+   * (502 nothing listening, 504 no answer in time, 429 the box's connection limit) are JSON
+   * `{"error"}` answers. Wakes a sleeping box; counts as activity. Never retried.
+   */
+  portFetch(boxId: string, port: number, path?: string, init?: RequestInit): Promise<Response>;
+  /** The URL of a port's route (for a WebSocket client that sends the bearer token itself). */
+  portUrl(boxId: string, port: number, path?: string): string;
+  /** A link that opens the port in a browser without the bridge token, until it expires (default PREVIEW_TTL_SECONDS). */
+  createPreview(boxId: string, port: number, opts?: CallOptions & { expiresInSeconds?: number }): Promise<PreviewLink>;
+  /** Every preview link to the port made until now stops working (other replicas within 5 s). */
+  revokePreviews(boxId: string, port: number, opts?: CallOptions): Promise<PreviewsRevoked>;
 }
 
 export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
@@ -409,7 +427,36 @@ export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
       });
       return responseBytes(response);
     },
+
+    portFetch: (id, port, path = '/', init = {}) => {
+      const headers = new Headers(init.headers);
+      headers.set('authorization', `Bearer ${config.token}`);
+      return config.fetch(portUrlOf(config.apiUrl, box(id), port, path), { ...init, headers });
+    },
+    portUrl: (id, port, path = '/') => portUrlOf(config.apiUrl, box(id), port, path),
+    createPreview: (id, port, opts = {}) =>
+      call(
+        {
+          operation: 'create preview',
+          method: 'POST',
+          path: `${box(id)}/ports/${portNumber(port)}/preview`,
+          json: opts.expiresInSeconds === undefined ? {} : { expires_in_seconds: opts.expiresInSeconds },
+          expect: 'json',
+        },
+        opts,
+      ),
+    revokePreviews: (id, port, opts) => call({ operation: 'revoke previews', method: 'DELETE', path: `${box(id)}/ports/${portNumber(port)}/preview`, expect: 'json' }, opts),
   };
+}
+
+function portNumber(port: number): number {
+  if (!Number.isInteger(port) || port < 1 || port > 65535) throw new TypeError(`port must be an integer from 1 to 65535, got ${port}`);
+  return port;
+}
+
+/** /api/v1/boxes/<id>/ports/<port>/<path>: the app's path and query as given, one leading slash. */
+function portUrlOf(apiUrl: string, boxPath: string, port: number, path: string): string {
+  return `${apiUrl}${boxPath}/ports/${portNumber(port)}/${path.replace(/^\/+/, '')}`;
 }
 
 /** A random key (Web Crypto, present in Node, browsers and edge isolates alike). */

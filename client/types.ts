@@ -72,3 +72,9 @@ export type SessionOutputs = z.output<typeof S.SessionOutputList>;
 export type MountMemoryRequest = z.input<typeof S.MountMemoryRequest>;
 export type MemoryMount = z.output<typeof S.MemoryMounted>;
 export type MemorySynced = z.output<typeof S.MemorySynced>;
+
+// ---- ports and preview links (docs/ports.md) ----
+export type CreatePreviewRequest = z.input<typeof S.CreatePreviewRequest>;
+/** POST /boxes/:id/ports/:port/preview: a link a browser opens without the bridge token, until expires_at. */
+export type PreviewLink = z.output<typeof S.PreviewCreated>;
+export type PreviewsRevoked = z.output<typeof S.PreviewsRevoked>;

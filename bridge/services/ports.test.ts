@@ -93,7 +93,7 @@ test('a box deleted and made again under the same id is not reached by the old l
 });
 
 test('generations in the record: junk is read as none', () => {
-  const rec = (v: string | undefined) => ({ metadata: { annotations: v === undefined ? {} : { [ANNOTATIONS.previewGeneration]: v } } });
+  const rec = (v: string | undefined): k8s.V1Secret => ({ metadata: { annotations: v === undefined ? {} : { [ANNOTATIONS.previewGeneration]: v } } });
   expect(generationsOf(rec(undefined))).toEqual({});
   expect(generationsOf(rec('3'))).toEqual({});
   expect(generationsOf(rec('{"8000":1,"x":2,"70000":3,"9":-1,"10":1.5}'))).toEqual({ 8000: 1 });
