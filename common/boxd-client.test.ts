@@ -1,5 +1,6 @@
 // The boxd client's deadlines and answer limits, against stand-in boxd servers on loopback:
 // a frozen one (accepts, never answers), a slow but alive one, one that trickles forever.
+import { EventEmitter } from 'node:events';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { BridgeError } from './errors.js';
@@ -126,4 +127,33 @@ test('small answers (health checks, env, one process) are read even when the mem
   };
   const { client } = await setup((_req, res) => res.end('{"status":"ok","version":"test"}'), { memory });
   expect(await client.health(target)).toEqual({ status: 'ok', version: 'test' });
+});
+
+test("the caller's signal ends a call, before it is sent or while boxd answers, with the signal's reason, and leaves no listener on the signal", async () => {
+  const { client } = await setup((req, res) => {
+    if (req.url === '/v1/processes') return void setTimeout(() => res.end('{"processes":[]}'), 50);
+    res.writeHead(200, { 'content-type': 'application/octet-stream' });
+    res.write('part'); // then nothing: the command runs on
+  });
+  const reason = new BridgeError('invalid_request', 'the caller disconnected');
+
+  const before = new AbortController();
+  before.abort(reason);
+  await expect(client.listProcesses(target, before.signal)).rejects.toBe(reason);
+
+  const waiting = new AbortController();
+  const call = client.listProcesses(target, waiting.signal);
+  setTimeout(() => waiting.abort(reason), 10);
+  await expect(call).rejects.toBe(reason);
+
+  const during = new AbortController();
+  const res = await client.exec(target, { command: 'x', cwd: '/', timeout_ms: 1000, max_output_bytes: 10, max_concurrent: 1 }, during.signal);
+  const ended = new Promise((resolve) => res.once('close', () => resolve('closed')));
+  during.abort(reason);
+  expect(await ended).toBe('closed');
+
+  const done = new AbortController();
+  expect(await client.listProcesses(target, done.signal)).toEqual({ processes: [] });
+  await new Promise((r) => setImmediate(r));
+  expect([EventEmitter.getEventListeners(done.signal, 'abort').length, EventEmitter.getEventListeners(during.signal, 'abort').length]).toEqual([0, 0]);
 });

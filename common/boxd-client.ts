@@ -117,6 +117,22 @@ interface SendOptions {
   probe?: boolean;
 }
 
+/** One reading of a box's use (boxd/metrics). */
+export interface BoxdMetricsSample {
+  time: string;
+  cpu: { used_cores: number; usage_seconds: number; limit_cores: number | null; throttled_seconds: number; throttled_periods: number };
+  memory: { used_bytes: number; limit_bytes: number | null; oom_kills: number };
+  disk: Array<{ path: string; used_bytes: number; limit_bytes: number | null; partial?: boolean }>;
+  processes: { count: number; limit: number | null };
+  network: { rx_bytes: number; tx_bytes: number };
+}
+
+export interface BoxdMetrics extends BoxdMetricsSample {
+  cgroup: string;
+  interval_seconds: number;
+  history?: BoxdMetricsSample[];
+}
+
 export interface BoxdClientOptions {
   port?: number;
   /** How long a new connection may take before boxd counts as unreachable (deadlines.connectMs). */
@@ -192,6 +208,7 @@ function deadlineOf(d: BoxdDeadlines, method: string, path: string, query: Query
   // idle probe watches boxd, the port service bounds the app's first byte and quiet periods.
   if (path.startsWith(PORT_PREFIX)) return { kind: 'open' };
   if (/^\/v1\/processes\/[^/]+\/output$/.test(path)) return query?.follow ? { kind: 'open' } : { kind: 'transfer', totalMs: d.transferMs };
+  if (path === '/v1/files/watch') return { kind: 'open' }; // a watch stays open; boxd ends it
   if (path.startsWith('/v1/files') || path === '/v1/archive') return { kind: 'transfer', totalMs: d.transferMs };
   return { kind: 'call', totalMs: d.callMs };
 }
@@ -306,6 +323,16 @@ export class BoxdClient {
 
   deleteFile(t: BoxdTarget, path: string, recursive: boolean, signal?: AbortSignal): Promise<{ path: string; deleted: boolean }> {
     return this.json(t, 'DELETE', '/v1/files', { query: { path, recursive }, signal });
+  }
+
+  /** A file watch's NDJSON lines (PROTOCOL.md "File watch"): ready, events, overflow, end. */
+  watchFiles(t: BoxdTarget, query: { path: string; recursive: boolean; max_watches: number }, signal?: AbortSignal): Promise<http.IncomingMessage> {
+    return this.send(t, 'GET', '/v1/files/watch', { query, signal });
+  }
+
+  /** The box's use now and, with since (RFC 3339), the samples boxd kept after it (PROTOCOL.md "Metrics"). */
+  metrics(t: BoxdTarget, since: string | undefined, signal?: AbortSignal): Promise<BoxdMetrics> {
+    return this.json(t, 'GET', '/v1/metrics', { query: { since }, signal });
   }
 
   /** A tar stream of path (a directory's contents, or one file). */
@@ -477,8 +504,18 @@ export class BoxdClient {
       agent: this.agent,
       headers: { ...headers, 'x-boxd-token': t.token },
       timeout: 0,
-      ...(signal ? { signal } : {}),
     });
+    // The caller's signal ends the call as http.request's `signal` option would (the request
+    // destroyed, the error the signal's reason), with one listener instead of that option's
+    // stream watcher (eos: a listener per stream event), a per-exec cost under load.
+    const onAbort = signal ? () => req.destroy(signal.reason instanceof Error ? signal.reason : new Error('aborted')) : undefined;
+    if (signal && onAbort) {
+      if (signal.aborted) process.nextTick(onAbort);
+      else signal.addEventListener('abort', onAbort, { once: true });
+    }
+    const unlisten = () => {
+      if (onAbort) signal?.removeEventListener('abort', onAbort);
+    };
     let connected = false;
     let res: http.IncomingMessage | undefined;
     let upgraded: Duplex | undefined;
@@ -523,9 +560,11 @@ export class BoxdClient {
     req.on('upgrade', (_r, socket) => {
       // The connection is the caller's from now on (a terminal): watched until it closes.
       upgraded = socket;
+      unlisten();
       socket.once('close', finish);
     });
     req.on('close', () => {
+      unlisten();
       if (!upgraded) finish();
     });
     req.on('error', (err: NodeJS.ErrnoException) => {
