@@ -9,6 +9,8 @@ import { JsonBytes, sendJson } from '../http/json-stream.js';
 import { Utf8Chunks, callerSignal, ndjsonStream, wantsNdjson, writeOutput } from '../http/ndjson.js';
 import { boxIdParam, jsonBody, parse } from '../http/parse.js';
 
+const ACCEPTS_NDJSON = /ndjson/i;
+
 export function execRoutes(deps: { exec: ExecService; processes: ProcessService }): Router {
   const { exec, processes } = deps;
   const router = Router();
@@ -18,7 +20,8 @@ export function execRoutes(deps: { exec: ExecService; processes: ProcessService 
 
   router.post('/:id/exec', json, async (req, res) => {
     const body = parse(ExecRequest, req.body ?? {});
-    if (!wantsNdjson(req)) {
+    // Content negotiation only when the caller's Accept names NDJSON at all (else it cannot win).
+    if (!(ACCEPTS_NDJSON.test(req.headers.accept ?? '') && wantsNdjson(req))) {
       const signal = callerSignal(res);
       const answer = await exec.run(boxIdParam(req), body, signal);
       try {

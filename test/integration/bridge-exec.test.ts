@@ -175,6 +175,17 @@ suite('inside a real box, through boxd', () => {
       expect(seen[1]![1] - seen[0]![1]).toBeGreaterThan(700);
     });
 
+    test('the Accept header picks the answer: NDJSON named in any case streams, JSON or anything else answers whole', async () => {
+      const kinds = await Promise.all(
+        ['application/X-NDJSON', 'application/json;q=0.5, application/x-ndjson', 'application/json', '*/*', 'text/html'].map(async (accept) => {
+          const res = await call('POST', `/boxes/${box}/exec`, { command: 'echo hi' }, { accept });
+          expect(res.status).toBe(200);
+          return res.headers.get('content-type')?.split(';')[0];
+        }),
+      );
+      expect(kinds).toEqual(['application/x-ndjson', 'application/x-ndjson', 'application/json', 'application/json', 'application/json']);
+    });
+
     test('streamed exec: a caller that disconnects kills the command', async () => {
       const marker = `gone-${randomBytes(3).toString('hex')}`;
       const aborter = new AbortController();
