@@ -31,7 +31,7 @@ import { randomBytes } from 'node:crypto';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
-import type { BridgeClient } from '../client/index.js';
+import { BridgeClientError, type BridgeClient } from '../client/index.js';
 import { LABELS } from '../common/labels.js';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { milliValue } from '../common/quantity.js';
@@ -94,6 +94,30 @@ interface Side {
   cycle(label: string, replica: number): Promise<Cycle>;
   /** The pool holds exactly WARM ready warm boxes, nothing claimed, nothing terminating. */
   atRest(): boolean;
+  /**
+   * After failed cycles: deletes the boxes they left (a create whose answer was lost, a delete
+   * refused), so the pool gets back to rest; how many.
+   */
+  sweep?(): Promise<number>;
+}
+
+/** How long a delete refused for now (503, 429: Retry-After) is tried again. */
+const DELETE_RETRY_MS = 60_000;
+
+/** Deletes a box through the bridge, again while it answers "retry later"; gone already is done. */
+async function deleteBox(client: BridgeClient, boxId: string): Promise<void> {
+  const until = performance.now() + DELETE_RETRY_MS;
+  for (;;) {
+    try {
+      await client.deleteBox(boxId);
+      return;
+    } catch (err) {
+      if (err instanceof BridgeClientError && err.status === 404) return;
+      const later = err instanceof BridgeClientError && (err.status === 503 || err.status === 429 || err.status === 0);
+      if (!later || performance.now() > until) throw err;
+      await sleep(Math.min(err.retryAfterMs ?? 1000, 5000));
+    }
+  }
 }
 
 type PodCache = k8s.ObjectCache<k8s.V1Pod>;
@@ -166,8 +190,13 @@ async function oursSide(bridges: BridgeClient[]): Promise<Side & { stop: () => v
         const readyAt = Math.max(answered, await ready);
         return { ready: readyAt - t0, first, warm, t0, readyAt };
       } finally {
-        await bridges[(replica + 1) % bridges.length]!.deleteBox(box.box_id);
+        await deleteBox(bridges[(replica + 1) % bridges.length]!, box.box_id);
       }
+    },
+    async sweep() {
+      const left = cache.list(oursNs).filter((p) => p.metadata?.labels?.[LABELS.boxId] && !p.metadata.deletionTimestamp);
+      await Promise.all(left.map((p, i) => deleteBox(bridges[i % bridges.length]!, p.metadata!.labels![LABELS.boxId]!)));
+      return left.length;
     },
   };
 }
@@ -283,8 +312,10 @@ interface Tally {
   cold: number;
   errors: string[];
   claimsPerSecond: number[];
+  /** Boxes failed cycles left, deleted afterwards (Side.sweep). */
+  swept: number;
 }
-const tally = (): Tally => ({ ready: [], first: [], claimReady: [], warm: 0, cold: 0, errors: [], claimsPerSecond: [] });
+const tally = (): Tally => ({ ready: [], first: [], claimReady: [], warm: 0, cold: 0, errors: [], claimsPerSecond: [], swept: 0 });
 const record = (t: Tally, c: Cycle) => {
   t.ready.push(c.ready);
   t.first.push(c.first);
@@ -401,6 +432,7 @@ async function main() {
               record(t, await side.cycle(`serial-${i}`, i));
             } catch (err) {
               t.errors.push(String(err).slice(0, 300));
+              t.swept += (await side.sweep?.()) ?? 0;
             }
             await bothAtRest();
             await sleep(SETTLE_MS);
@@ -427,6 +459,7 @@ async function main() {
             t.errors.push(...outcomes.filter((o) => o.status === 'rejected').map((o) => String((o as PromiseRejectedResult).reason).slice(0, 300)));
             if (ok.length) t.claimsPerSecond.push((ok.length / (Math.max(...ok.map((c) => c.readyAt)) - start)) * 1000);
             log(`${side.name} burst ${b + 1}/${BURSTS}: ready p50 ${stats(ok.map((c) => c.ready)).p50.toFixed(0)} ms, ${ok.filter((c) => !c.warm).length} cold, ${WARM - ok.length} errors`);
+            if (ok.length < WARM) t.swept += (await side.sweep?.()) ?? 0;
             await bothAtRest();
             await sleep(SETTLE_MS);
           });
@@ -537,7 +570,7 @@ function report(
     };
   };
   const rest = api.restRate();
-  const summary = (x: Tally) => ({ ready: stats(x.ready), first: stats(x.first), claimReady: x.claimReady.length ? stats(x.claimReady) : undefined, warm: x.warm, cold: x.cold, errors: x.errors, claimsPerSecond: x.claimsPerSecond });
+  const summary = (x: Tally) => ({ ready: stats(x.ready), first: stats(x.first), claimReady: x.claimReady.length ? stats(x.claimReady) : undefined, warm: x.warm, cold: x.cold, errors: x.errors, swept: x.swept, claimsPerSecond: x.claimsPerSecond });
   results.ours = { serial: summary(t.ours), bursts: summary(t.oursBurst), api: { serial: apiOf('ours', 'serial'), burst: apiOf('ours', 'burst') } };
   results.theirs = { serial: summary(t.theirs), bursts: summary(t.theirsBurst), api: { serial: apiOf('theirs', 'serial'), burst: apiOf('theirs', 'burst') } };
   results.apiAtRest = { writesPerSecond: rest.writes, requestsPerSecond: rest.all, seconds: rest.seconds, writesPerSecondEachWindow: api.restWrites, byVerbResource: toObject(rest.counts) };
@@ -550,7 +583,7 @@ function report(
   const both = (label: string, a: Tally, b: Tally) => {
     rows.push([`${label} (n=${a.ready.length} / ${b.ready.length}): claim -> ready, p50 / p99`, pp(a.ready), pp(b.ready), ratio(median(a.ready), median(b.ready))]);
     rows.push([`${label}: claim -> first command answered, p50 / p99`, pp(a.first), pp(b.first), ratio(median(a.first), median(b.first))]);
-    rows.push([`${label}: served warm / cold; errors`, `${a.warm} / ${a.cold}; ${a.errors.length}`, `${b.warm} / ${b.cold}; ${b.errors.length}`, '']);
+    rows.push([`${label}: served warm / cold; errors (boxes they left, deleted after)`, `${a.warm} / ${a.cold}; ${a.errors.length} (${a.swept})`, `${b.warm} / ${b.cold}; ${b.errors.length} (${b.swept})`, '']);
   };
   both('serial', t.ours, t.theirs);
   both(`bursts of ${WARM}`, t.oursBurst, t.theirsBurst);
