@@ -344,6 +344,28 @@ export const API_ROUTES: ApiRoute[] = [
     errors: [403, 409],
   },
   {
+    operationId: 'watchFiles',
+    method: 'get',
+    path: '/boxes/{id}/files/watch',
+    summary: 'File-system events as they happen, coalesced and bounded, with overflow lines where events were dropped; never wakes a sleeping box (409) nor keeps it awake',
+    description:
+      'A ready line once the watch is in place, then create, write, remove, rename, chmod lines (writes of one path within 100 ms are one line), an overflow line where events were left out (a slow reader, the kernel\'s queue), and an end line when the box sleeps (reason sleep), is deleted (deleted) or the watched path goes (removed). A broken connection to the box ends with an error line.',
+    params: S.BoxParams,
+    query: S.WatchQuery,
+    responses: { 200: { description: 'NDJSON watch lines', content: { [NDJSON]: S.WatchEvent } } },
+    errors: [403, 409, 413],
+  },
+  {
+    operationId: 'getBoxMetrics',
+    method: 'get',
+    path: '/boxes/{id}/metrics',
+    summary: 'The box\'s CPU, memory, disk, processes and network use now (from its cgroup), and with since the last 10 minutes at 5 s; never wakes a sleeping box (409)',
+    params: S.BoxParams,
+    query: S.MetricsQuery,
+    responses: { 200: json(S.BoxMetrics) },
+    errors: [409],
+  },
+  {
     operationId: 'downloadArchive',
     method: 'get',
     path: '/boxes/{id}/archive',

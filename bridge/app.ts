@@ -20,6 +20,7 @@ import { platformRoutes } from './routes/platform.js';
 import { egressRoutes } from './routes/egress.js';
 import { mountRoutes } from './routes/mounts.js';
 import { portRoutes } from './routes/ports.js';
+import { observeRoutes } from './routes/observe.js';
 import { previewRoutes } from './http/ports.js';
 import { snapshotRoutes } from './routes/snapshots.js';
 import type { BoxService } from './services/boxes.js';
@@ -34,6 +35,7 @@ import type { EgressService } from './services/egress.js';
 import type { SessionOutputsService } from './services/session-outputs.js';
 import type { MemoryMountService } from './services/mounts.js';
 import type { PortService } from './services/ports.js';
+import type { ObserveService } from './services/observe.js';
 
 export interface AppDeps {
   log: Logger;
@@ -52,6 +54,7 @@ export interface AppDeps {
   sessionOutputs: SessionOutputsService;
   memoryMounts: MemoryMountService;
   ports: PortService;
+  observe: ObserveService;
   cluster: ClusterService;
   version: string;
   trustProxy: boolean | number | string;
@@ -114,6 +117,7 @@ export function createApp(deps: AppDeps): Express {
   api.use(platformRoutes(deps));
   api.use(egressRoutes(deps));
   api.use(mountRoutes(deps));
+  api.use(observeRoutes(deps));
   api.use(portRoutes(deps));
   api.use(clusterRoutes(deps.cluster));
   api.use(notFoundRoute);

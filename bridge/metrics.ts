@@ -27,6 +27,9 @@ export interface BridgeMetrics {
   budgetUsed: Gauge;
   budgetRefusals: Counter<'kind'>;
   boxdDeadlines: Counter<'deadline'>;
+  boxCpuCores: Histogram<'pool'>;
+  boxMemoryBytes: Histogram<'pool'>;
+  boxMemoryRatio: Histogram<'pool'>;
 }
 
 /** Live state read at scrape time (the chart's PrometheusRule alerts on these). */
@@ -212,6 +215,29 @@ export function createMetrics(activeBoxes: () => number = () => 0, state: Metric
       name: 'sandbox_bridge_boxd_deadlines_total',
       help: 'Calls into boxes ended by a deadline, by deadline (connect, idle: quiet and no answer to a health check, total)',
       labelNames: ['deadline'],
+      registers: [registry],
+    }),
+    // Box use by pool, never by box (cardinality): observed when a box's metrics are read, at
+    // most once per box per boxd sample (services/observe.ts; docs/api.md "Box metrics").
+    boxCpuCores: new Histogram({
+      name: 'sandbox_bridge_box_cpu_used_cores',
+      help: 'CPU cores boxes used (over boxd\'s last 5 s), by pool; observed when a box\'s metrics are read, at most once per box per sample',
+      labelNames: ['pool'],
+      buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8],
+      registers: [registry],
+    }),
+    boxMemoryBytes: new Histogram({
+      name: 'sandbox_bridge_box_memory_used_bytes',
+      help: 'Memory boxes used (working set), by pool; observed when a box\'s metrics are read, at most once per box per sample',
+      labelNames: ['pool'],
+      buckets: [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192].map((mi) => mi * 1024 * 1024),
+      registers: [registry],
+    }),
+    boxMemoryRatio: new Histogram({
+      name: 'sandbox_bridge_box_memory_used_ratio',
+      help: 'Memory boxes used as a share of their limit, by pool (boxes near 1 are near an OOM kill); observed with sandbox_bridge_box_memory_used_bytes',
+      labelNames: ['pool'],
+      buckets: [0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1],
       registers: [registry],
     }),
   };

@@ -146,6 +146,18 @@ export const FileListQuery = z.object({
   limit: z.coerce.number().int().min(1).max(100_000).default(10_000).describe('At most this many entries (then truncated: true)'),
 });
 
+export const WatchQuery = z.object({
+  path: z.string().min(1).max(4096).default('.').describe('File or directory to watch; relative paths resolve under /workspace'),
+  recursive: booleanQuery.describe('Watch every directory below it too (those made later included)'),
+});
+
+export const MetricsQuery = z.object({
+  since: z.iso
+    .datetime({ offset: true, message: 'since must be an RFC 3339 time, e.g. 2026-01-02T15:04:05Z' })
+    .optional()
+    .describe('RFC 3339 time: adds history, the samples boxd kept after it (every 5 s, the last 10 minutes)'),
+});
+
 export const FileDeleteQuery = z.object({
   path: z.string().min(1, 'path is required').max(4096).describe('File or directory; relative paths resolve under /workspace'),
   recursive: booleanQuery.describe('Delete a non-empty directory and everything in it'),
@@ -329,6 +341,46 @@ export const FileDeleted = z.object({ path: z.string(), deleted: z.boolean() });
 export const ArchiveWritten = z.object({ path: z.string(), entries: z.number().int(), bytes: z.number().int() });
 
 /** One line of a streamed exec or process output (application/x-ndjson). */
+export const WatchEvent = z
+  .object({
+    type: z.enum(['ready', 'create', 'write', 'remove', 'rename', 'chmod', 'overflow', 'end', 'error']),
+    path: z.string().optional().describe('Absolute path (ready: the watched path)'),
+    from: z.string().optional().describe('rename: the old path'),
+    kind: z.enum(['file', 'dir']).optional().describe('file (anything but a directory) or dir'),
+    dropped: z.number().int().optional().describe('overflow: events left out (absent when the kernel dropped them)'),
+    reason: z
+      .string()
+      .optional()
+      .describe('overflow: queue | kernel | directories; end: sleep (the box went to sleep), deleted (the box was deleted), removed (the watched path went)'),
+    error: z.object({ type: z.string(), message: z.string() }).optional().describe('error: the stream broke off'),
+  })
+  .describe('One line of a file watch: ready first, then events, then end (or error)');
+
+const MetricsSample = z.object({
+  time: z.string().describe('When boxd read it (RFC 3339)'),
+  cpu: z.object({
+    used_cores: z.number().describe('Cores used over the last sample interval'),
+    usage_seconds: z.number().describe('CPU time since the box started'),
+    limit_cores: z.number().nullable(),
+    throttled_seconds: z.number().describe('Time the box was throttled at its CPU limit, since it started'),
+    throttled_periods: z.number().int(),
+  }),
+  memory: z.object({
+    used_bytes: z.number().int().describe('Working set (usage less inactive file cache)'),
+    limit_bytes: z.number().int().nullable(),
+    oom_kills: z.number().int().describe('Processes the kernel killed at the memory limit, since the box started'),
+  }),
+  disk: z.array(z.object({ path: z.string(), used_bytes: z.number().int(), limit_bytes: z.number().int().nullable(), partial: z.boolean().optional() })),
+  processes: z.object({ count: z.number().int(), limit: z.number().int().nullable() }),
+  network: z.object({ rx_bytes: z.number().int(), tx_bytes: z.number().int() }),
+});
+
+export const BoxMetrics = MetricsSample.extend({
+  box_id: z.string(),
+  interval_seconds: z.number().describe('boxd samples this often'),
+  history: z.array(MetricsSample).optional().describe('With since: the samples kept after it, oldest first'),
+});
+
 export const OutputLine = z.discriminatedUnion('type', [
   z.object({ type: z.literal('start'), offset: z.number().int(), dropped: z.number().int() }),
   z.object({ type: z.enum(['stdout', 'stderr']), data: z.string(), offset: z.number().int().optional() }),

@@ -48,6 +48,7 @@ import { EgressService } from './services/egress.js';
 import { SessionOutputsService } from './services/session-outputs.js';
 import { MemoryMountService } from './services/mounts.js';
 import { PortService } from './services/ports.js';
+import { ObserveService, WATCHES_PER_BOX } from './services/observe.js';
 import { PreviewSigner, PreviewUrls } from './services/preview-links.js';
 import { mountsClient } from '../common/memory-store.js';
 
@@ -230,6 +231,17 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     archiveMaxEntries: config.ARCHIVE_MAX_ENTRIES,
   });
   const processes = new ProcessService({ connector, boxd, budget, maxProcessesPerBox: config.MAX_PROCESSES_PER_BOX });
+  const observe = new ObserveService({
+    connector,
+    boxd,
+    budget,
+    maxWatchesPerBox: WATCHES_PER_BOX,
+    onSample: (pool, sample) => {
+      metrics.boxCpuCores.observe({ pool }, sample.cpu.used_cores);
+      metrics.boxMemoryBytes.observe({ pool }, sample.memory.used_bytes);
+      if (sample.memory.limit_bytes) metrics.boxMemoryRatio.observe({ pool }, sample.memory.used_bytes / sample.memory.limit_bytes);
+    },
+  });
   const env = new EnvService({ connector, boxd, records });
   const snapshots = new SnapshotService({
     connector,
@@ -308,6 +320,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     sessionOutputs,
     memoryMounts,
     ports,
+    observe,
     cluster,
     version: BRIDGE_VERSION,
     trustProxy: trustProxySetting(config.TRUST_PROXY),

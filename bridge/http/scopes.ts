@@ -9,10 +9,10 @@ import { hasScope, type Scope, type Token } from './tokens.js';
 const READ_METHODS = new Set(['GET', 'HEAD']);
 
 /**
- * Reads that return what is inside a box (files, archives, process output), not facts about it:
+ * Reads that return what is inside a box (files, file watches, archives, process output), not facts about it:
  * they need boxes:contents (docs/tokens.md). Paths as OpenAPI writes them ({id}) or as requested.
  */
-const CONTENTS = [/^\/boxes\/[^/]+\/files(\/list)?$/, /^\/boxes\/[^/]+\/archive$/, /^\/boxes\/[^/]+\/processes\/[^/]+\/output$/];
+const CONTENTS = [/^\/boxes\/[^/]+\/files(\/list|\/watch)?$/, /^\/boxes\/[^/]+\/archive$/, /^\/boxes\/[^/]+\/processes\/[^/]+\/output$/];
 
 /** Traffic to a box's ports, as OpenAPI writes it ({port}) or as requested. */
 const PORTS = /^\/boxes\/[^/]+\/ports\/[^/]+(\/.*)?$/;

@@ -64,6 +64,14 @@ export interface BoxCall {
   signal: AbortSignal;
 }
 
+export interface CallOptions {
+  /**
+   * The call only observes the box (a file watch, its metrics): it is not the box's activity
+   * (idle sleep may take the box while it runs) and never wakes a sleeping box (409).
+   */
+  observe?: boolean;
+}
+
 /** A box that was answering and stops is given this long to come back before the call fails. */
 const LOST_BOX_WAIT_MS = 10_000;
 /** Between health probes of a box whose pod has an IP but whose boxd does not listen yet. */
@@ -102,11 +110,12 @@ export class BoxConnector {
    * answers again, and a call boxd refused under a sleep's fence once the sleep is resolved:
    * nothing reached the box, so nothing runs twice.
    */
-  async call<T>(boxId: string, fn: (call: BoxCall) => Promise<T>, signal?: AbortSignal): Promise<T> {
-    const mayWake = wakePermission.getStore() ?? true;
+  async call<T>(boxId: string, fn: (call: BoxCall) => Promise<T>, signal?: AbortSignal, opts: CallOptions = {}): Promise<T> {
+    const mayWake = !opts.observe && (wakePermission.getStore() ?? true);
     const wake = async (record: k8s.V1Secret | undefined) => {
       const step = podlessStep(stateOf(record), mayWake);
       if (step === 'failed') throw failed(boxId, record);
+      if (step === 'refuse' && opts.observe) throw new BridgeError('conflict', `box ${boxId} is sleeping; watching it or reading its metrics never wakes it (a call with a boxes:write token does)`);
       if (step === 'refuse') throw new BridgeError('conflict', `box ${boxId} is sleeping; a call with a boxes:write token wakes it (reads never do)`);
       if (step === 'wait') await this.waitWhilePending(boxId, signal); // a sleep about to finish
       else await this.awaken(boxId, signal);
@@ -122,7 +131,7 @@ export class BoxConnector {
       }
       const pod = where.pod;
       checkUsable(pod);
-      await this.touch(pod);
+      if (!opts.observe) await this.touch(pod);
       try {
         return await this.run(pod, fn, signal, lost === pod.metadata!.uid);
       } catch (err) {
