@@ -10,6 +10,8 @@
 //                               segment (ABBA...), so both see the same machine
 //   BENCH_LOAD_ROUNDS=2         load segments per bridge (each BENCH_LOAD_SECONDS)
 //   BENCH_BRIDGE_ARGS='--cpu-prof --cpu-prof-dir=/tmp/prof'   extra node flags for this build's bridge
+//   BENCH_VARIANTS='name:--flag --flag;name2:--flag'   more bridges of this build, each with its own extra
+//                               node flags (after BENCH_BRIDGE_ARGS), in the same alternation
 //   BENCH_BRIDGE_ENV='K=V ...'  extra environment for every bridge started
 //   BENCH_RESULTS_NAME=bridge   where the results go (bench/results/<name>.md)
 //
@@ -55,6 +57,10 @@ const BASELINE = process.env.BENCH_BASELINE;
 const LOAD_ROUNDS = Number(process.env.BENCH_LOAD_ROUNDS ?? 1);
 const BRIDGE_ARGS = (process.env.BENCH_BRIDGE_ARGS ?? '').split(' ').filter(Boolean);
 const RESULTS_NAME = process.env.BENCH_RESULTS_NAME ?? 'bridge';
+const VARIANTS = (process.env.BENCH_VARIANTS ?? '')
+  .split(';')
+  .filter((v) => v.includes(':'))
+  .map((v) => ({ name: v.slice(0, v.indexOf(':')).trim(), args: v.slice(v.indexOf(':') + 1).split(' ').filter(Boolean) }));
 const BRIDGE_ENV = Object.fromEntries(
   (process.env.BENCH_BRIDGE_ENV ?? '')
     .split(' ')
@@ -412,6 +418,9 @@ interface Segment {
   loadAverage: [number, number];
   /** CFS throttling of the load's box pods over the segment. */
   throttled: { periods: number; throttled: number; seconds: number };
+  /** The bridge's resident memory at the segment's end and its peak so far (MiB). */
+  rssMiB: number;
+  peakRssMiB: number;
 }
 
 async function loadSegment(bridge: LoadBridge, boxes: string[], seconds: number, podUids: string[], cgroups: string[]): Promise<Segment> {
@@ -457,6 +466,8 @@ async function loadSegment(bridge: LoadBridge, boxes: string[], seconds: number,
     },
     kubeRequests: (await bridgeKubeRequests(bridge.metricsUrl)) - before.kube,
     loadAverage: [loadBefore, loadavg()[0]!],
+    rssMiB: rssMiB(bridge.pid),
+    peakRssMiB: rssMiB(bridge.pid, true),
     throttled: {
       periods: throttle.periods - throttleBefore.periods,
       throttled: throttle.throttled - throttleBefore.throttled,
@@ -502,6 +513,7 @@ function summarize(name: string, segments: Segment[]) {
     },
     kubeRequestsPerExec: sum((s) => s.kubeRequests) / Math.max(1, execs),
     loadAverage: mine.map((s) => s.loadAverage),
+    peakRssMiB: Math.max(...mine.map((s) => s.peakRssMiB)),
     throttled: {
       periods: sum((s) => s.throttled.periods),
       throttled: sum((s) => s.throttled.throttled),
@@ -516,8 +528,9 @@ function summarize(name: string, segments: Segment[]) {
  */
 async function benchLoad(bridges: LoadBridge[], rows: Rows, results: Record<string, unknown>): Promise<void> {
   if (!PARTS.has('load')) return;
-  // Creates are retried (one Idempotency-Key each): on this loaded machine the API server's probe can time out.
-  const creator = createBridgeClient({ url: bridges[bridges.length - 1]!.url, token, retries: 5 });
+  // Creates are retried (one Idempotency-Key each) and given minutes: on this loaded machine the
+  // API server's probe can time out, and 50 pods start on one node at once.
+  const creator = createBridgeClient({ url: bridges[bridges.length - 1]!.url, token, retries: 8, timeoutMs: 300_000 });
   log(`load: creating ${LOAD_BOXES} boxes`);
   const boxes = (
     await Promise.all(Array.from({ length: LOAD_BOXES }, (_, i) => creator.createBox({ sessionId: `bench-load-${id}-${i}`, cpu: 0.03, memory: 64 })))
@@ -578,6 +591,7 @@ async function benchLoad(bridges: LoadBridge[], rows: Rows, results: Record<stri
         '',
       ]);
       rows.push([`load${who}: 1-min load average (start->end of each segment)`, avg, '']);
+      rows.push([`load${who}: bridge peak RSS`, `${load.peakRssMiB.toFixed(0)} MiB`, '']);
       rows.push([`load${who}: Kubernetes API requests per exec (bridge metric)`, load.kubeRequestsPerExec.toFixed(4), '0']);
       if (load.errors) log(`load errors${who}, first: ${load.firstErrors.slice(0, 3).join(' | ')}`);
     }
@@ -615,6 +629,7 @@ async function main() {
   const { child, url, metricsUrl } = await startBridgeProcess(undefined, { args: BRIDGE_ARGS });
   let second: ChildProcess | undefined;
   let baseline: ChildProcess | undefined;
+  const variants: ChildProcess[] = [];
   try {
     const client = createBridgeClient({ url, token, retries: 0 });
     if (onRealNode) {
@@ -626,6 +641,13 @@ async function main() {
         results.baseline = BASELINE;
       }
       bridges.push({ name: 'this build', url, client, pid: child.pid!, metricsUrl });
+      if (PARTS.has('load')) {
+        for (const v of VARIANTS) {
+          const b = await startBridgeProcess((c) => variants.push(c), { args: [...BRIDGE_ARGS, ...v.args] });
+          bridges.push({ name: `this build ${v.name}`, url: b.url, client: createBridgeClient({ url: b.url, token, retries: 0 }), pid: b.child.pid!, metricsUrl: b.metricsUrl });
+        }
+        if (VARIANTS.length) results.variants = VARIANTS;
+      }
       await benchLoad(bridges, rows, results);
     } else {
       log('no real node: parts 1-4 (inside boxes) skipped');
@@ -670,7 +692,7 @@ async function main() {
     }
   } finally {
     // Waited for: a bridge with --cpu-prof writes its profile as it exits.
-    await Promise.all([child, second, baseline].map((c) => c && stopChild(c)));
+    await Promise.all([child, second, baseline, ...variants].map((c) => c && stopChild(c)));
     log('cleaning up');
     await custom.deleteClusterCustomObject({ group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools', name: pool }).catch(() => undefined);
     // Force-delete: the pods are on simulated nodes and nobody waits for them to shut down.
