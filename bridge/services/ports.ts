@@ -85,7 +85,7 @@ export class PortService {
     checkPort(port);
     const hold = this.deps.budget.reserve(HOLD_BYTES.pipe, 'port', `a request to port ${port}`);
     try {
-      return await wakePermission.run(false, () => this.deps.connector.call(
+      return await wakePermission.run(true, () => this.deps.connector.call(
         boxId,
         async (call) => {
           const answer = await this.firstByte(call.target, port, request, call.signal);
