@@ -33,6 +33,8 @@ import type {
   NodeList,
   OpenApiDocument,
   OutputEvent,
+  WatchEvent,
+  BoxMetrics,
   OutputsMount,
   PodMetricsList,
   PreviewLink,
@@ -157,6 +159,15 @@ export interface BridgeClient {
   signalProcess(boxId: string, processId: string, signal: ProcessSignal, opts?: CallOptions): Promise<ProcessInfo>;
   listFiles(boxId: string, path?: string, opts?: CallOptions & { recursive?: boolean; limit?: number }): Promise<FileList>;
   deleteFile(boxId: string, path: string, opts?: CallOptions & { recursive?: boolean }): Promise<FileDeleted>;
+  /**
+   * File-system events under path as they happen: ready first, then create/write/remove/rename/chmod,
+   * overflow where events were dropped (list again to catch up), end (reason sleep, deleted, removed)
+   * last. Breaking out of the loop (or the signal) closes the watch. Never wakes a sleeping box
+   * (409) nor keeps it awake. No timeout unless opts.timeoutMs is given.
+   */
+  watchFiles(boxId: string, path?: string, opts?: CallOptions & { recursive?: boolean }): AsyncGenerator<WatchEvent>;
+  /** The box's CPU, memory, disk, processes and network use; since: also the samples after it (10 min at 5 s kept). */
+  boxMetrics(boxId: string, opts?: CallOptions & { since?: Date | string }): Promise<BoxMetrics>;
   /** The file's raw bytes (streamed by the bridge, never base64). */
   downloadFile(boxId: string, path: string, opts?: CallOptions): Promise<Uint8Array>;
   /** A tar (gzip: tar.gz) of a directory or file, as a stream. */
@@ -356,6 +367,29 @@ export function createBridgeClient(options: BridgeClientOptions): BridgeClient {
     listFiles: (id, path = '.', opts = {}) =>
       call(
         { operation: 'list files', method: 'GET', path: `${box(id)}/files/list`, query: { path, recursive: opts.recursive ? 'true' : undefined, limit: opts.limit }, expect: 'json' },
+        opts,
+      ),
+    async *watchFiles(id, path = '.', opts = {}) {
+      const response = await openStream(config, {
+        operation: 'watch files',
+        method: 'GET',
+        path: `${box(id)}/files/watch`,
+        query: { path, recursive: opts.recursive ? 'true' : undefined },
+        accept: 'application/x-ndjson',
+        ...(opts.timeoutMs !== undefined ? { timeoutMs: opts.timeoutMs } : {}),
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      });
+      for await (const line of ndjsonEvents('watch files', response)) yield line as unknown as WatchEvent;
+    },
+    boxMetrics: (id, opts = {}) =>
+      call(
+        {
+          operation: 'box metrics',
+          method: 'GET',
+          path: `${box(id)}/metrics`,
+          query: { since: opts.since instanceof Date ? opts.since.toISOString() : opts.since },
+          expect: 'json',
+        },
         opts,
       ),
     deleteFile: (id, path, opts = {}) =>

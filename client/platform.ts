@@ -18,7 +18,7 @@ import {
   type PlatformProcessStatus,
 } from './platform-exec.js';
 import type { PlatformCapacity, PlatformProcessHandle, SandboxExecutor } from './platform-port.js';
-import type { BackupContext, BoxCreated, ClusterCapacity, CreateBoxRequest, OutboundContext, ProcessSignal, Snapshot } from './types.js';
+import type { BackupContext, BoxCreated, BoxMetrics, ClusterCapacity, CreateBoxRequest, OutboundContext, ProcessSignal, Snapshot } from './types.js';
 
 export { formatExecOutput, processStatus, startsWithWord, secretsFor, execTimeoutMs } from './platform-exec.js';
 export type { PlatformProcessStatus } from './platform-exec.js';
@@ -250,6 +250,22 @@ export class ClusterBridgeExecutor implements Required<SandboxExecutor> {
   async renewActivityTimeout(): Promise<void> {
     const id = await this.existingBox('keepalive');
     if (id) await this.client.keepalive(id);
+  }
+
+  /**
+   * The box's CPU, memory (with its limit and OOM kills), disk, processes and network use
+   * (GET /boxes/:id/metrics); since: also the samples after it (boxd keeps 10 minutes at 5 s).
+   * Without a box, or with the box asleep: null (reading metrics never creates or wakes one).
+   */
+  async getMetrics(opts: { since?: Date } = {}): Promise<BoxMetrics | null> {
+    const id = await this.existingBox('metrics');
+    if (!id) return null;
+    try {
+      return await this.client.boxMetrics(id, opts.since ? { since: opts.since } : {});
+    } catch (err) {
+      if (err instanceof BridgeClientError && err.status === 409) return null;
+      throw err;
+    }
   }
 
   // ---- backups ----

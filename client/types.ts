@@ -43,6 +43,10 @@ export type FileDeleted = z.output<typeof S.FileDeleted>;
 export type ArchiveWritten = z.output<typeof S.ArchiveWritten>;
 /** One line of a streamed exec (`execStream`) or of process output (`processOutput`). */
 export type OutputEvent = z.output<typeof S.OutputLine>;
+/** One line of a file watch (`watchFiles`): ready, create/write/remove/rename/chmod, overflow, end. */
+export type WatchEvent = z.output<typeof S.WatchEvent>;
+/** GET /boxes/:id/metrics: the box's use now (and with since, its history). */
+export type BoxMetrics = z.output<typeof S.BoxMetrics>;
 export type ErrorBody = z.output<typeof S.ErrorBody>;
 /** Error types the bridge reports in `{"error": {"type", "message"}}`. */
 export type BridgeErrorType = ErrorBody['error']['type'];
