@@ -113,3 +113,31 @@ test('the proxy credential: the vector gateway/identity tests too', () => {
   expect(egressProxyCredential('0123456789abcdef0123456789abcdef', 'sbx', 'box-abc-0', '00ff')).toBe('p6eFeIqBXJEbLtPCt1SCB6xwj4Ra_mIAk24AU5sXV8M');
   expect(egressProxyCredential(Buffer.from('0123456789abcdef0123456789abcdef'), 'sbx', 'box-abc-0', '00ff')).toBe('p6eFeIqBXJEbLtPCt1SCB6xwj4Ra_mIAk24AU5sXV8M');
 });
+
+test('boxd from an image volume: no install container, the boxd image mounted read-only where boxd runs from, nothing else changed', () => {
+  const copied = buildBoxPod(params({ mode: 'direct', gateway: gateway().gateway }));
+  const mounted = buildBoxPod({ ...params({ mode: 'direct', gateway: gateway().gateway }), box: { ...POOL_DEFAULTS.box, boxdDelivery: 'ImageVolume' } });
+  expect(copied.spec!.initContainers!.map((c) => c.name)).toEqual(['boxd-install']);
+  expect(mounted.spec!.initContainers).toBeUndefined();
+  expect(mounted.spec!.volumes!.find((v) => v.name === 'boxd')).toEqual({ name: 'boxd', image: { reference: 'boxd:1', pullPolicy: 'IfNotPresent' } });
+  expect(box(mounted).command).toEqual(['/opt/sandbox-bridge/bin/boxd', 'serve']);
+  expect(box(mounted).volumeMounts!.find((m) => m.name === 'boxd')).toEqual({ name: 'boxd', mountPath: '/opt/sandbox-bridge/bin', readOnly: true });
+  // The rest of the pod (security contexts, other volumes, the box container) is the same.
+  const { initContainers: _i, volumes: copiedVolumes, ...copiedRest } = copied.spec!;
+  const { volumes: mountedVolumes, ...mountedRest } = mounted.spec!;
+  expect(mountedRest).toEqual(copiedRest);
+  expect(mountedVolumes!.filter((v) => v.name !== 'boxd')).toEqual(copiedVolumes!.filter((v) => v.name !== 'boxd'));
+  // Memory stores keep their sidecar (an init container with restartPolicy Always).
+  const withStores = buildBoxPod({
+    ...params({ mode: 'direct', gateway: gateway().gateway }),
+    box: { ...POOL_DEFAULTS.box, boxdDelivery: 'ImageVolume', memoryStores: { enabled: true, sizeLimit: '64Mi' } },
+  });
+  expect(withStores.spec!.initContainers!.map((c) => c.name)).not.toContain('boxd-install');
+  expect(withStores.spec!.initContainers).toHaveLength(1);
+});
+
+test('the warm template hash changes with boxd from an image volume, and stays for the default delivery', () => {
+  const base = warmTemplateHash(withDefaults({ namespace: 'sbx' }), 'boxd:1');
+  expect(warmTemplateHash(withDefaults({ namespace: 'sbx', box: { boxdDelivery: 'InitContainer' } }), 'boxd:1')).toBe(base);
+  expect(warmTemplateHash(withDefaults({ namespace: 'sbx', box: { boxdDelivery: 'ImageVolume' } }), 'boxd:1')).not.toBe(base);
+});

@@ -66,9 +66,10 @@ const LOCKED_DOWN: V1SecurityContext = {
 };
 
 /**
- * A box pod: boxd (installed by an init container into an emptyDir) runs as PID 1 of the box
- * container in the user's image, as the box user. The credential and env reach it as two files
- * of a Secret; nothing secret is in the pod spec. Session metadata is added by sessionMetadata().
+ * A box pod: boxd (installed by an init container into an emptyDir, or, with the pool's
+ * `boxdDelivery: ImageVolume`, the boxd image mounted read-only as an image volume) runs as PID 1
+ * of the box container in the user's image, as the box user. The credential and env reach it as
+ * two files of a Secret; nothing secret is in the pod spec. Session metadata is added by sessionMetadata().
  */
 export function buildBoxPod(p: BoxPodParams): V1Pod {
   const cpu = formatCpu(p.shape.cpuCores);
@@ -78,6 +79,7 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
   // Memory stores (docs/mounts.md): a sidecar and two volumes, when the pool has them on.
   const mem = memoryPodParts(p.box.memoryStores, p.boxdImage, 'box-secret', LOCKED_DOWN);
   const egress = p.egress.mode === 'gateway' ? egressPodParts(p.egress.gateway, p.secretName) : undefined;
+  const imageVolume = p.box.boxdDelivery === 'ImageVolume';
   return {
     apiVersion: 'v1',
     kind: 'Pod',
@@ -112,18 +114,28 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
         fsGroup: 65534,
         seccompProfile: { type: 'RuntimeDefault' },
       },
-      initContainers: [
-        {
-          name: BOXD_INSTALL_CONTAINER,
-          image: p.boxdImage,
-          imagePullPolicy: 'IfNotPresent',
-          args: ['install', BOXD_BINARY],
-          resources,
-          securityContext: LOCKED_DOWN,
-          volumeMounts: [{ name: 'boxd', mountPath: BOXD_BIN_DIR }],
-        },
-        ...(mem ? [mem.sidecar] : []),
-      ],
+      // An image volume needs no install: the box container starts right after the sandbox (the
+      // kubelet notices an init container's exit only at its next relist, up to a second later).
+      ...(imageVolume && !mem
+        ? {}
+        : {
+            initContainers: [
+              ...(imageVolume
+                ? []
+                : [
+                    {
+                      name: BOXD_INSTALL_CONTAINER,
+                      image: p.boxdImage,
+                      imagePullPolicy: 'IfNotPresent',
+                      args: ['install', BOXD_BINARY],
+                      resources,
+                      securityContext: LOCKED_DOWN,
+                      volumeMounts: [{ name: 'boxd', mountPath: BOXD_BIN_DIR }],
+                    },
+                  ]),
+              ...(mem ? [mem.sidecar] : []),
+            ],
+          }),
       containers: [
         {
           name: BOX_CONTAINER,
@@ -150,7 +162,9 @@ export function buildBoxPod(p: BoxPodParams): V1Pod {
         { name: 'workspace', emptyDir: { sizeLimit: p.box.workspaceSizeLimit } },
         { name: 'tmp', emptyDir: { sizeLimit: p.box.tmpSizeLimit } },
         { name: 'outputs', emptyDir: { sizeLimit: SESSION_OUTPUTS_SIZE_LIMIT } },
-        { name: 'boxd', emptyDir: { sizeLimit: '64Mi' } },
+        // The boxd image holds /boxd alone: mounted at BOXD_BIN_DIR it is BOXD_BINARY, read-only
+        // whatever the mount says (the runtime mounts image volumes read-only).
+        imageVolume ? { name: 'boxd', image: { reference: p.boxdImage, pullPolicy: 'IfNotPresent' } } : { name: 'boxd', emptyDir: { sizeLimit: '64Mi' } },
         {
           name: 'box-secret',
           secret: {
@@ -305,6 +319,9 @@ export function warmTemplateHash(spec: SandboxPoolSpec, boxdImage: string, shape
     nodeSelector: box.nodeSelector ?? null,
     tolerations: box.tolerations ?? null,
     boxdImage,
+    // boxd from an image volume: warm pods with an init container are replaced (InitContainer
+    // templates hash as before, so their warm pods stay).
+    ...(box.boxdDelivery === 'ImageVolume' ? { boxdDelivery: box.boxdDelivery } : {}),
     // Gateway-mode pods carry the proxy variables and the CA volumes: a switch, or a gateway moved,
     // replaces them (direct-mode templates hash as before, so their warm pods stay).
     ...(spec.egress.mode === 'gateway' ? { egressGateway: gatewayAddress(spec.egress.gateway) } : {}),

@@ -62,6 +62,7 @@ test("the chart's values seed the default pool with POOL_DEFAULTS", () => {
     'box.defaultMemory': box.defaultMemory,
     'box.maxMemory': box.maxMemory,
     'box.memoryStores.enabled': (box.memoryStores as Record<string, unknown>).enabled,
+    'box.boxdDelivery': (values.boxd as Record<string, unknown>).delivery,
     allowedImages: pool.allowedImages,
     allowedRuntimeClassNames: pool.allowedRuntimeClassNames,
     allowedServiceAccountNames: pool.allowedServiceAccountNames,

@@ -15,6 +15,8 @@ export const POOL_API_VERSION = `${POOL_GROUP}/${POOL_VERSION}`;
 
 export type PodSecurityLevel = 'restricted' | 'baseline' | 'privileged';
 
+export type BoxdDelivery = 'InitContainer' | 'ImageVolume';
+
 export interface BoxPolicy {
   /** Image used when a create request names none. */
   defaultImage: string;
@@ -29,6 +31,13 @@ export interface BoxPolicy {
   tmpSizeLimit: string;
   /** The memory-store sidecar (docs/mounts.md); off by default. */
   memoryStores: MemoryStorePolicy;
+  /**
+   * How boxd reaches a box: InitContainer (default) copies it from the boxd image into an
+   * emptyDir; ImageVolume mounts the boxd image itself, read-only (Kubernetes image volumes; the
+   * nodes' runtime must mount them: containerd >= 2.1, CRI-O >= 1.31). No init container to run
+   * and be noticed done: a cold box answers about a second sooner (docs/performance.md).
+   */
+  boxdDelivery: BoxdDelivery;
   /** Where boxes may run; e.g. a dedicated node pool. */
   nodeSelector?: Record<string, string>;
   tolerations?: V1Toleration[];
@@ -261,6 +270,7 @@ export const POOL_DEFAULTS: Omit<SandboxPoolSpec, 'namespace'> = {
     workspaceSizeLimit: '1Gi',
     tmpSizeLimit: '256Mi',
     memoryStores: { enabled: false, sizeLimit: '256Mi' },
+    boxdDelivery: 'InitContainer',
   },
   allowedImages: [],
   allowedRuntimeClassNames: [],

@@ -262,10 +262,11 @@ export class WarmPods {
     pod.metadata!.annotations![ANNOTATIONS.warmShape] = warm.id;
     // A claim may resize the box container in place (down as well as up); an init container
     // cannot be resized, and the pod's requests are the larger of it and the box's: a small one
-    // keeps a box resized down counted at its new size (quota, scheduler).
-    const install = pod.spec!.initContainers!.find((c) => c.name === BOXD_INSTALL_CONTAINER)!;
+    // keeps a box resized down counted at its new size (quota, scheduler). boxd from an image
+    // volume (the pool's boxdDelivery) has no install container.
+    const install = pod.spec!.initContainers?.find((c) => c.name === BOXD_INSTALL_CONTAINER);
     const small = { cpu: formatCpu(Math.min(warm.shape.cpuCores, INSTALL_CPU)), memory: formatMemory(Math.min(warm.shape.memoryBytes, INSTALL_MEMORY)) };
-    install.resources = { requests: small, limits: small };
+    if (install) install.resources = { requests: small, limits: small };
     // Deleting the pool takes its unclaimed warm pods along; a claim replaces this owner.
     pod.metadata!.ownerReferences = [unowned];
     // Ready when boxd answers: what makes a warm pod claimable.
