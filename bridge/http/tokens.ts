@@ -9,7 +9,7 @@
 // the bridge with no valid token, or an invalid file, is refused and the previous tokens stay.
 // Tokens are looked up by their SHA-256 digest; only names ever reach logs and metrics.
 import { createHash } from 'node:crypto';
-import { readFileSync, unwatchFile, watchFile } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import type { Logger } from 'pino';
 import { z } from 'zod';
 import { describeIssues } from '../schemas.js';
@@ -157,7 +157,15 @@ function load(o: TokenSourceOptions): TokenSet {
 export function createTokenSource(o: TokenSourceOptions): TokenSource {
   let current = load(o);
   const files = [o.tokenFile, o.tokensFile].filter((f): f is string => Boolean(f));
-  const onChange = () => {
+  // The files' texts as last read: a change is a different text, whatever the kubelet did to the
+  // inode (Secret volumes swap a symlink). Polling the texts, rather than fs.watchFile's stat
+  // baseline, also sees a file created before the watcher took its first stat.
+  const texts = () => JSON.stringify(files.map((f) => readIfPresentOrError(f)));
+  let seen = texts();
+  const check = () => {
+    const now = texts();
+    if (now === seen) return;
+    seen = now;
     try {
       const next = load(o);
       const before = current.names();
@@ -168,12 +176,20 @@ export function createTokenSource(o: TokenSourceOptions): TokenSource {
       o.log.error({ err: (err as Error).message, tokenNames: current.names() }, 'could not reload the bearer tokens; keeping the previous ones');
     }
   };
-  for (const file of files) watchFile(file, { interval: o.intervalMs ?? 2000 }, onChange);
+  const timer = files.length ? setInterval(check, o.intervalMs ?? 2000) : undefined;
+  timer?.unref();
   return {
     identify: (presented) => current.identify(presented),
     names: () => current.names(),
-    close: () => {
-      for (const file of files) unwatchFile(file, onChange);
-    },
+    close: () => clearInterval(timer),
   };
+}
+
+/** A file's text, undefined when absent, or the error reading it (compared, never thrown here). */
+function readIfPresentOrError(path: string): string | undefined {
+  try {
+    return readIfPresent(path);
+  } catch (err) {
+    return `error: ${(err as Error).message}`;
+  }
 }
