@@ -112,3 +112,14 @@ test('restore never throws: a missing or expired handle, or a bridge that is dow
   expect(await down.ping()).toMatchObject({ status: 'error', details: 'health failed: fetch failed', latencyMs: expect.any(Number) });
   expect(await down.getCapacity()).toBeNull();
 });
+
+test('previewUrl: null without a box; with one, a link to the port of the session box', async () => {
+  const link = { box_id: BOX, port: 3000, url: 'https://3000-box.preview.example/?t=x', expires_at: '2030-01-01T00:00:00.000Z' };
+  const { client, seen } = fakeBridge({ [`POST /boxes/${BOX}/ports/3000/preview`]: () => json(link) });
+  const executor = new ClusterBridgeExecutor(client, { sessionId: 's' });
+  expect(await executor.previewUrl(3000)).toBeNull();
+  expect(seen.map((s) => `${s.method} ${s.path}`)).not.toContain('POST /boxes');
+  await executor.exec('true');
+  expect(await executor.previewUrl(3000, { expiresInSeconds: 60 })).toEqual({ url: link.url, expiresAt: new Date(link.expires_at) });
+  expect(seen.at(-1)).toMatchObject({ method: 'POST', path: `/boxes/${BOX}/ports/3000/preview`, body: { expires_in_seconds: 60 } });
+});

@@ -268,6 +268,21 @@ export class ClusterBridgeExecutor implements Required<SandboxExecutor> {
     }
   }
 
+  // ---- ports (docs/ports.md) ----
+
+  /**
+   * A link that opens a port an app in the box listens on (loopback is enough) in a browser
+   * without the bridge token, until it expires (POST /boxes/:id/ports/:port/preview). Without a
+   * box: null (there is no app to show). Making the link never wakes a sleeping box; opening it
+   * does. Rejects with 501 when the bridge has no PREVIEW_URL.
+   */
+  async previewUrl(port: number, opts: { expiresInSeconds?: number } = {}): Promise<{ url: string; expiresAt: Date } | null> {
+    const id = await this.existingBox('preview');
+    if (!id) return null;
+    const link = await this.client.createPreview(id, port, opts);
+    return { url: link.url, expiresAt: new Date(link.expires_at) };
+  }
+
   // ---- backups ----
 
   /** A snapshot of the workspace now (labelled with the backup context). Without a box: nothing to take. */
