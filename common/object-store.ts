@@ -1,12 +1,15 @@
 // The S3-compatible object store that holds snapshots, for bridge and operator alike: its
 // settings (environment variables, validated with zod by each program's config) and a small
-// client over @aws-sdk/client-s3 (+ lib-storage for streamed multipart uploads). Every call is
-// bounded in time (connect timeout, socket idle timeout, a deadline for small requests), and a
-// store that cannot be reached becomes a 503 cluster_unavailable with Retry-After, never a hang.
+// client over @aws-sdk/client-s3, with streamed multipart uploads of its own (parts in flight in
+// parallel, bounded). Every call is bounded in time (connect timeout, socket idle timeout, a
+// deadline for small requests), and a store that cannot be reached becomes a 503
+// cluster_unavailable with Retry-After, never a hang.
 import { readFileSync } from 'node:fs';
 import type { Readable } from 'node:stream';
 import {
   AbortMultipartUploadCommand,
+  CompleteMultipartUploadCommand,
+  CreateMultipartUploadCommand,
   DeleteObjectsCommand,
   GetObjectCommand,
   HeadBucketCommand,
@@ -15,8 +18,8 @@ import {
   PutObjectCommand,
   S3Client,
   S3ServiceException,
+  UploadPartCommand,
 } from '@aws-sdk/client-s3';
-import { Upload } from '@aws-sdk/lib-storage';
 import { z } from 'zod';
 import { BridgeError } from './errors.js';
 
@@ -72,9 +75,15 @@ export interface StoredObject {
   lastModified: Date;
 }
 
-/** Upload part size: lib-storage holds at most queueSize parts of it per upload in memory. */
+/**
+ * Multipart uploads: parts of PART_SIZE, at most PARTS_IN_FLIGHT of them on their way at once
+ * (each its own request, in parallel), so an upload holds at most PARTS_IN_FLIGHT + 1 parts in
+ * memory and reads its body only as fast as the store takes the parts.
+ */
 const PART_SIZE = 8 * 1024 * 1024;
-const UPLOAD_QUEUE = 2;
+const PARTS_IN_FLIGHT = 3;
+/** S3's limit on the parts of one upload. */
+const MAX_PARTS = 10_000;
 
 /** The store, or undefined when OBJECT_STORE_BUCKET is unset. */
 export function objectStoreFrom(config: ObjectStoreConfig): ObjectStore | undefined {
@@ -112,6 +121,17 @@ export class ObjectStore {
         httpsAgent: { keepAlive: true, maxSockets: 64, ...(ca ? { ca } : {}) },
       },
     });
+    // Parts are sent unsigned (x-amz-content-sha256: UNSIGNED-PAYLOAD, which S3 accepts on any
+    // request): signing would hash every byte a second time, and the whole object's SHA-256 is
+    // already computed as it streams (common/snapshot-writer.ts) and checked when it is read back.
+    this.s3.middlewareStack.add(
+      (next, context) => (args) => {
+        const request = args.request as { headers?: Record<string, string> };
+        if (context.commandName === 'UploadPartCommand' && request.headers) request.headers['x-amz-content-sha256'] = 'UNSIGNED-PAYLOAD';
+        return next(args);
+      },
+      { step: 'build', name: 'sandboxBridgeUnsignedParts' },
+    );
   }
 
   /** A key under the configured prefix. */
@@ -129,27 +149,79 @@ export class ObjectStore {
   }
 
   /**
-   * Streams body into key with a multipart upload: parts of 8 MiB, at most two in flight, so
-   * memory per upload is bounded and the body is read only as fast as the store takes it. A
-   * failure aborts the upload (no parts left behind) and rejects.
+   * Streams body into key. A body of one part at most is one PUT; a larger one a multipart
+   * upload whose parts (PART_SIZE) are copied once, from the body's chunks into a part buffer,
+   * and sent PARTS_IN_FLIGHT at a time: memory per upload is bounded, and the body is read only
+   * as fast as the store takes it. A failure aborts the upload (no parts left behind) and rejects.
    */
   async upload(key: string, body: Readable, opts: { contentType: string; signal?: AbortSignal }): Promise<void> {
-    const upload = new Upload({
-      client: this.s3,
-      params: { Bucket: this.bucket, Key: key, Body: body, ContentType: opts.contentType },
-      partSize: PART_SIZE,
-      queueSize: UPLOAD_QUEUE,
-      leavePartsOnError: false,
-    });
-    const abort = () => void upload.abort().catch(() => undefined);
-    opts.signal?.addEventListener('abort', abort, { once: true });
+    const stop = new AbortController(); // ends the parts in flight once one failed
+    const abortSignal = opts.signal ? AbortSignal.any([opts.signal, stop.signal]) : stop.signal;
+    const target = { Bucket: this.bucket, Key: key };
+    let uploadId: string | undefined;
+    const failure: { err?: unknown; failed: boolean } = { failed: false };
+    const sent: Array<{ PartNumber: number; ETag: string }> = [];
+    const inFlight = new Set<Promise<void>>();
+    const spare: Buffer[] = [];
+    let part: Buffer = Buffer.allocUnsafe(PART_SIZE);
+    let filled = 0;
+    let parts = 0;
+    const send = async (buf: Buffer, n: number) => {
+      const PartNumber = ++parts;
+      if (PartNumber > MAX_PARTS) throw new BridgeError('payload_too_large', `the object is larger than ${MAX_PARTS} parts of ${PART_SIZE} bytes`);
+      uploadId ??= await this.run('upload', (s) =>
+        this.s3.send(new CreateMultipartUploadCommand({ ...target, ContentType: opts.contentType }), { abortSignal: AbortSignal.any([s, abortSignal]) }),
+      ).then((r) => r.UploadId!);
+      while (inFlight.size >= PARTS_IN_FLIGHT) await Promise.race(inFlight);
+      if (failure.failed) throw failure.err;
+      const uploading: Promise<void> = this.s3
+        .send(new UploadPartCommand({ ...target, UploadId: uploadId, PartNumber, Body: buf.subarray(0, n), ContentLength: n }), { abortSignal })
+        .then(
+          (res) => {
+            sent.push({ PartNumber, ETag: res.ETag! });
+            spare.push(buf); // the request is done with it
+          },
+          (err: unknown) => {
+            if (!failure.failed) Object.assign(failure, { failed: true, err });
+            stop.abort();
+            body.destroy(); // a read waiting for the body ends too
+          },
+        )
+        .finally(() => inFlight.delete(uploading));
+      inFlight.add(uploading);
+    };
     try {
-      await upload.done();
+      for await (const chunk of body as AsyncIterable<Buffer>) {
+        for (let at = 0; at < chunk.length; ) {
+          const n = chunk.copy(part, filled, at);
+          filled += n;
+          at += n;
+          if (filled < PART_SIZE) continue;
+          await send(part, filled);
+          part = spare.pop() ?? Buffer.allocUnsafe(PART_SIZE);
+          filled = 0;
+        }
+      }
+      if (failure.failed) throw failure.err;
+      if (parts === 0) {
+        // One part at most: a plain PUT (its body is small enough to be signed).
+        await this.s3.send(new PutObjectCommand({ ...target, Body: part.subarray(0, filled), ContentType: opts.contentType }), { abortSignal });
+        return;
+      }
+      if (filled > 0) await send(part, filled);
+      await Promise.all(inFlight);
+      if (failure.failed) throw failure.err;
+      sent.sort((a, b) => a.PartNumber - b.PartNumber);
+      // No deadline of a small request: a store may take a while to assemble a large object (the
+      // socket's idle timeout still bounds a store that stops answering).
+      await this.s3.send(new CompleteMultipartUploadCommand({ ...target, UploadId: uploadId, MultipartUpload: { Parts: sent } }), { abortSignal });
     } catch (err) {
+      stop.abort();
+      await Promise.allSettled(inFlight);
+      if (uploadId) await this.abortUpload(key, uploadId).catch(() => undefined);
+      const cause = failure.failed ? failure.err : err;
       if (opts.signal?.aborted) throw opts.signal.reason;
-      throw storeError('upload', err);
-    } finally {
-      opts.signal?.removeEventListener('abort', abort);
+      throw storeError('upload', cause);
     }
   }
 
