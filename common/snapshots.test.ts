@@ -1,4 +1,4 @@
-import { newSnapshotId, parseSnapshotId, snapshotDeadline, snapshotKey } from './snapshots.js';
+import { newSnapshotId, parseSnapshotId, snapshotDeadline, snapshotKey, workspaceObject } from './snapshots.js';
 import { sessionHash } from './labels.js';
 
 test('a snapshot id carries its session hash, creation time and expiry, and parses back', () => {
@@ -31,4 +31,9 @@ test("a snapshot is due at its own expiry, or earlier when the pool's retention 
   expect(snapshotDeadline(id, 7 * 86_400)).toBe(7 * 86_400_000);
   expect(snapshotDeadline(id, 86_400)).toBe(86_400_000);
   expect(snapshotDeadline(id, 30 * 86_400)).toBe(7 * 86_400_000);
+});
+
+test("a snapshot's workspace object is named by its compression: zstd now, gzip for snapshots taken before", () => {
+  expect(workspaceObject({ compression: 'zstd' })).toBe('workspace.tar.zst');
+  expect(workspaceObject({})).toBe('workspace.tar.gz');
 });

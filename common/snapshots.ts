@@ -2,8 +2,10 @@
 // writes and reads them) and the operator (which deletes expired ones). docs/snapshots.md
 // explains the layout.
 //
-//   <prefix>/snapshots/<pool>/<session-hash>/<snapshot-id>/workspace.tar.gz   the /workspace tar
+//   <prefix>/snapshots/<pool>/<session-hash>/<snapshot-id>/workspace.tar.zst  the /workspace tar, zstd
 //   <prefix>/snapshots/<pool>/<session-hash>/<snapshot-id>/snapshot.json      metadata + sealed env
+//
+// (Snapshots taken before zstd have workspace.tar.gz, boxd's gzip tar, instead: still read.)
 //
 // snapshot.json is written last: a snapshot exists once it is there. The id carries the session
 // hash, the creation time and the expiry, so "latest snapshot of a session" is one list request
@@ -12,8 +14,17 @@ import { randomBytes } from 'node:crypto';
 import type { BackupContext } from './box-context.js';
 import { sessionHash } from './labels.js';
 
-export const WORKSPACE_OBJECT = 'workspace.tar.gz';
+export const WORKSPACE_OBJECT = 'workspace.tar.zst';
+/** The workspace of snapshots taken before zstd (metadata without `compression`): boxd's gzip tar. */
+export const GZIP_WORKSPACE_OBJECT = 'workspace.tar.gz';
+/** Every name a workspace object may have: what deleting a snapshot by name deletes. */
+export const WORKSPACE_OBJECTS = [WORKSPACE_OBJECT, GZIP_WORKSPACE_OBJECT] as const;
 export const METADATA_OBJECT = 'snapshot.json';
+
+/** The name of a snapshot's workspace object, by its metadata. */
+export function workspaceObject(metadata: Pick<SnapshotMetadata, 'compression'>): (typeof WORKSPACE_OBJECTS)[number] {
+  return metadata.compression === 'zstd' ? WORKSPACE_OBJECT : GZIP_WORKSPACE_OBJECT;
+}
 
 /** snap-<session hash>-<created ms, base36>-<expires s, base36>-<random>. */
 const ID = /^snap-([0-9a-f]{12})-([0-9a-z]{9})-([0-9a-z]{7})-([0-9a-f]{8})$/;
@@ -54,7 +65,7 @@ export function sessionPrefix(pool: string, hash: string): string {
 }
 
 /** Key of one object of a snapshot. */
-export function snapshotKey(pool: string, id: SnapshotId, object: typeof WORKSPACE_OBJECT | typeof METADATA_OBJECT): string {
+export function snapshotKey(pool: string, id: SnapshotId, object: (typeof WORKSPACE_OBJECTS)[number] | typeof METADATA_OBJECT): string {
   return `${sessionPrefix(pool, id.sessionHash)}${id.id}/${object}`;
 }
 
@@ -80,7 +91,12 @@ export interface SnapshotMetadata {
   memory: string;
   created_at: string;
   expires_at: string;
-  /** Bytes of workspace.tar.gz, and its SHA-256 (checked on restore). */
+  /**
+   * How the workspace tar is stored: 'zstd' (workspace.tar.zst); absent in snapshots taken
+   * before, whose workspace.tar.gz is gzip.
+   */
+  compression?: 'zstd';
+  /** Bytes of the workspace object as stored, and their SHA-256 (checked on restore). */
   size: number;
   sha256: string;
   /**

@@ -1,14 +1,13 @@
 // The store side of snapshots (common/snapshots.ts layout): a snapshot's metadata, restoring its
 // workspace into a box through a call the caller holds, and deleting it. Needs no box lookup, so
 // the box connector uses it to wake a box, and the snapshot service to fork one.
-import { pipeline, type Readable } from 'node:stream';
 import type { BoxdClient } from '../../common/boxd-client.js';
 import type { EnvSealer } from '../../common/env-seal.js';
 import { BridgeError } from '../../common/errors.js';
 import type { ObjectStore } from '../../common/object-store.js';
 import { parseQuantity } from '../../common/quantity.js';
-import { Meter, WORKSPACE, restoreLimits, snapshotLimits } from '../../common/snapshot-writer.js';
-import { METADATA_OBJECT, WORKSPACE_OBJECT, parseSnapshotId, snapshotKey, type SnapshotMetadata } from '../../common/snapshots.js';
+import { WORKSPACE, restoreLimits, snapshotLimits, workspaceReader } from '../../common/snapshot-writer.js';
+import { METADATA_OBJECT, WORKSPACE_OBJECTS, parseSnapshotId, snapshotKey, workspaceObject, type SnapshotMetadata } from '../../common/snapshots.js';
 import type { PolicySource } from '../kube/policy.js';
 import type { BoxCall } from './box-connector.js';
 
@@ -34,7 +33,7 @@ export class SnapshotStore {
     const id = parseSnapshotId(snapshotId);
     if (!id) return;
     await store.delete([store.key(snapshotKey(this.pool, id, METADATA_OBJECT))]);
-    await store.delete([store.key(snapshotKey(this.pool, id, WORKSPACE_OBJECT))]);
+    await store.delete(WORKSPACE_OBJECTS.map((o) => store.key(snapshotKey(this.pool, id, o))));
   }
 
   /** Whether snapshots are configured (idle sleep needs them). */
@@ -51,23 +50,22 @@ export class SnapshotStore {
     const started = performance.now();
     let bytes = 0;
     try {
-      const object = await store.getStream(store.key(snapshotKey(this.pool, id, WORKSPACE_OBJECT)), signal);
+      const object = await store.getStream(store.key(snapshotKey(this.pool, id, workspaceObject(metadata))), signal);
       if (!object) throw new BridgeError('not_found', `snapshot ${metadata.snapshot_id} not found (deleted while restoring)`);
-      const check = new Meter({ sha256: metadata.sha256, size: metadata.size });
-      pipeline(object.body as Readable, check, () => undefined);
+      // Checked against its digest and decompressed: boxd gets a plain tar.
+      const { tar, stored } = workspaceReader(metadata, object.body);
       let written: { entries: number; bytes: number };
       try {
-        written = await this.deps.boxd.writeArchive(target, WORKSPACE, check, {
+        written = await this.deps.boxd.writeArchive(target, WORKSPACE, tar, {
           maxBytes: limits.bytes,
           maxEntries: limits.entries,
-          contentLength: metadata.size,
           signal,
           ...(opts.replace ? { replace: true } : {}),
         });
       } finally {
-        check.destroy(); // after a refusal, releases the store's stream too (pipeline)
+        tar.destroy(); // after a refusal, releases the store's stream too (pipeline)
       }
-      bytes = check.bytes;
+      bytes = stored.bytes;
       this.deps.onRestored?.('ok', (performance.now() - started) / 1000, bytes);
       return { entries: written.entries, bytes: written.bytes };
     } catch (err) {

@@ -1,4 +1,4 @@
-// Snapshots: a box's /workspace (boxd's gzip tar, streamed box -> bridge -> object store with
+// Snapshots: a box's /workspace (boxd's tar, zstd-compressed here, streamed box -> bridge -> object store with
 // backpressure, never held whole) plus its env (sealed, common/env-seal.ts) and metadata (common/snapshot-writer.ts), in the object
 // store under the layout of common/snapshots.ts. Restore = fork: a new box gets the workspace and
 // env. A delete with a final snapshot deletes the box only once the snapshot is stored.

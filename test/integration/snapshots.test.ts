@@ -344,7 +344,7 @@ suite('snapshots of real boxes in the real object store', () => {
       const keys: string[] = [];
       for await (const o of s3.list(s3.key(`snapshots/${`pool-${namespace}`}/`))) keys.push(o.key);
       expect(keys.length).toBeGreaterThan(0);
-      for (const key of keys) expect(key).toMatch(new RegExp(`^${storeEnv.OBJECT_STORE_PREFIX}/snapshots/pool-${namespace}/[0-9a-f]{12}/snap-[^/]+/(workspace\\.tar\\.gz|snapshot\\.json)$`));
+      for (const key of keys) expect(key).toMatch(new RegExp(`^${storeEnv.OBJECT_STORE_PREFIX}/snapshots/pool-${namespace}/[0-9a-f]{12}/snap-[^/]+/(workspace\\.tar\\.zst|snapshot\\.json)$`));
     } finally {
       s3.close();
     }
