@@ -1,7 +1,8 @@
 // Bench: how long a call to a sleeping box waits for it to wake.
 //
 //   npm run bench:wake   (part of npm run bench; BENCH_WAKE_MIB=10,100 BENCH_WAKE_ROUNDS=5
-//                         BENCH_WAKE_WARM=2)
+//                         BENCH_WAKE_WARM=2 BENCH_WAKE_MODES=cold,warm
+//                         BENCH_WAKE_BASELINE=<a built checkout>)
 //
 // On the local cluster's real node, with its object store (versitygw on loopback), side by side
 // in one run: for each workspace size (of incompressible data, so the archive is as large as the
@@ -20,11 +21,16 @@
 // wake latency has no proxy in it. Also reported: how long after its last call each box was
 // Sleeping, and the operator's own count of sleeps by outcome. The previous run's figures (the
 // bench/results/wake.json found at start) are shown beside this run's.
+//
+// BENCH_WAKE_BASELINE: a second checkout, built (its dist/), whose operator and bridge run beside
+// this one's with a pool of their own (the same boxd image, store and node); every round is taken
+// by both, alternating which goes first, so both see the same machine. BENCH_WAKE_MODES limits
+// the run to the warm pool off (cold) or on (warm).
 // Results: bench/results/wake.md and .json; snapshots and objects are removed afterwards.
 import { existsSync, readFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { cpus, loadavg } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient, type BridgeClient } from '../client/index.js';
 import { LABELS } from '../common/labels.js';
@@ -39,11 +45,13 @@ const ROOT = process.cwd();
 const SIZES = (process.env.BENCH_WAKE_MIB ?? '10,100').split(',').map(Number);
 const ROUNDS = Number(process.env.BENCH_WAKE_ROUNDS ?? 5);
 const WARM = Number(process.env.BENCH_WAKE_WARM ?? 2);
+const MODES = (process.env.BENCH_WAKE_MODES ?? 'cold,warm').split(',').map((m) => {
+  if (m !== 'cold' && m !== 'warm') throw new Error(`BENCH_WAKE_MODES: cold or warm, not ${m}`);
+  return m === 'warm';
+});
 const SLEEP_AFTER_SECONDS = 2;
 const KUBECONFIG = process.env.KUBECONFIG ?? join(ROOT, '.cluster/kubeconfig');
 const id = randomBytes(3).toString('hex');
-const pool = `bench-wake-${id}`;
-const ns = `${pool}-boxes`;
 const token = randomBytes(24).toString('hex');
 const boxdKey = randomBytes(32).toString('hex');
 const previous = readPrevious();
@@ -55,15 +63,36 @@ const core = kc.makeApiClient(k8s.CoreV1Api);
 const custom = kc.makeApiClient(k8s.CustomObjectsApi);
 const log = (msg: string) => process.stderr.write(`[bench:wake] ${msg}\n`);
 
-const warmPods = async () =>
-  (await core.listNamespacedPod({ namespace: ns, labelSelector: `${LABELS.warm}=${pool}` })).items.filter((p) => !p.metadata?.deletionTimestamp);
+/** A build under test: its operator and bridge, with a pool and namespace of their own. */
+interface Variant {
+  name: string;
+  root: string;
+  pool: string;
+  ns: string;
+  label: string;
+  client?: BridgeClient;
+  operator?: Program;
+  bridge?: Program;
+}
 
-async function setWarm(count: number): Promise<void> {
+const variants: Variant[] = [{ name: 'this build', root: ROOT, pool: `bench-wake-${id}`, ns: `bench-wake-${id}-boxes`, label: id }];
+if (process.env.BENCH_WAKE_BASELINE) {
+  const root = resolve(process.env.BENCH_WAKE_BASELINE);
+  for (const f of ['dist/bridge/main.js', 'dist/operator/main.js']) {
+    if (!existsSync(join(root, f))) throw new Error(`BENCH_WAKE_BASELINE: ${root}/${f} is missing (build that checkout first)`);
+  }
+  variants.unshift({ name: 'baseline', root, pool: `bench-wake-${id}-b`, ns: `bench-wake-${id}-b-boxes`, label: `${id}-b` });
+}
+
+const warmPods = async (v: Variant) =>
+  (await core.listNamespacedPod({ namespace: v.ns, labelSelector: `${LABELS.warm}=${v.pool}` })).items.filter((p) => !p.metadata?.deletionTimestamp);
+
+async function setWarm(v: Variant, count: number): Promise<void> {
   await custom.patchClusterCustomObject(
-    { group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: pool, body: { spec: { warm: { count } } } },
+    { group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: v.pool, body: { spec: { warm: { count } } } },
     k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
   );
-  await waitUntil(`${count} warm boxes`, async () => (count ? (await warmReady(core, ns, pool)) >= count : (await warmPods()).length === 0), 300_000);
+  await waitUntil(`${count} warm boxes`, async () => (count ? (await warmReady(core, v.ns, v.pool)) >= count : (await warmPods(v)).length === 0), 300_000);
 }
 
 /** The figures of the run before this one (bench/results/wake.json as found), to show beside ours. */
@@ -79,6 +108,7 @@ function readPrevious(): { date: string; groups: Record<string, { p50: number; p
 }
 
 interface Wake {
+  variant: string;
   mib: number;
   warmPool: boolean;
   ms: number;
@@ -93,7 +123,9 @@ interface Wake {
   load1: number;
 }
 
-async function oneWake(client: BridgeClient, proxy: CountingProxy, mib: number, warmPool: boolean, round: number): Promise<Wake> {
+async function oneWake(v: Variant, proxy: CountingProxy, mib: number, warmPool: boolean, round: number): Promise<Wake> {
+  const client = v.client!;
+  const { ns, pool } = v;
   const box = await client.createBox({ sessionId: `wake-${mib}-${warmPool ? 'warm' : 'cold'}-${round}` });
   const made = await client.exec(box.box_id, { command: `head -c ${mib * 1048576} /dev/urandom > data.bin && sha256sum data.bin | cut -c1-64`, timeoutMs: 300_000 });
   if (made.exit_code !== 0) throw new Error(`writing the workspace: exit ${made.exit_code} ${made.stderr}`);
@@ -122,10 +154,10 @@ async function oneWake(client: BridgeClient, proxy: CountingProxy, mib: number, 
   const servedWarm = (await client.status(box.box_id)).pod_name.startsWith('box-warm-');
   await client.deleteBox(box.box_id);
   log(
-    `${mib} MiB, warm pool ${warmPool ? 'on' : 'off'}, round ${round}: asleep after ${(toSleepMs / 1000).toFixed(1)} s, woken in ${ms.toFixed(0)} ms ` +
+    `${v.name}: ${mib} MiB, warm pool ${warmPool ? 'on' : 'off'}, round ${round}: asleep after ${(toSleepMs / 1000).toFixed(1)} s, woken in ${ms.toFixed(0)} ms ` +
       `(${servedWarm ? 'warm pod' : 'new pod'}${oldPodTerminating ? ', the old pod still terminating' : ''})`,
   );
-  return { mib, warmPool, ms, servedWarm, toSleepMs, sleepRequests, oldPodTerminating, load1 };
+  return { variant: v.name, mib, warmPool, ms, servedWarm, toSleepMs, sleepRequests, oldPodTerminating, load1 };
 }
 
 async function main() {
@@ -134,63 +166,77 @@ async function main() {
     return;
   }
   const load = loadavg().map((l) => l.toFixed(2)).join(' ');
-  await createBenchPool(
-    { root: ROOT, kubeconfig: KUBECONFIG, core, custom },
-    {
-      name: pool,
-      labels: { 'sandbox-bridge.io/bench': id },
-      spec: {
-        namespace: ns,
-        maxBoxes: WARM + 4,
-        box: {
-          defaultImage: 'sandbox-bridge.local/box:dev',
-          defaultCpu: '250m',
-          defaultMemory: '256Mi',
-          workspaceSizeLimit: `${Math.max(1024, Math.max(...SIZES) * 4)}Mi`,
-          ...ON_REAL_NODE,
-        },
-        idle: { sleepAfterSeconds: SLEEP_AFTER_SECONDS },
-        warm: { count: 0 },
-      },
-    },
-  );
-  // The same store, boxd key and seal key for both programs.
+  // The same store, boxd key and seal key for every program.
   const store = objectStoreEnv(ROOT, `bench-${id}`);
   const shared = { BOXD_IMAGE, BOXD_KEY: boxdKey, ...store };
   const proxy = new CountingProxy(kc);
   await proxy.start();
-  const programs: Program[] = [];
   const wakes: Wake[] = [];
-  let sleeps: Record<string, number> = {};
+  const sleeps: Record<string, Record<string, number>> = {};
   try {
-    const operator = await startProgram(ROOT, 'dist/operator/main.js', proxy.kubeconfigFile(), {
-      ...shared,
-      LEASE_NAMESPACE: 'default',
-      LEASE_NAME: `${pool}-lease`,
-      POD_NAME: `${pool}-operator`,
-      POOL_SELECTOR: `sandbox-bridge.io/bench=${id}`,
-    });
-    programs.push(operator);
-    const bridge = await startProgram(ROOT, 'dist/bridge/main.js', KUBECONFIG, { ...shared, BRIDGE_TOKEN: token, POOL_NAME: pool, SANDBOX_NAMESPACE: ns });
-    programs.push(bridge);
-    const client = createBridgeClient({ url: `http://127.0.0.1:${bridge.port}`, token, retries: 0, timeoutMs: 600_000 });
-    for (const warmPool of [false, true]) {
-      await setWarm(warmPool ? WARM : 0);
-      for (const mib of SIZES) for (let round = 1; round <= ROUNDS; round++) wakes.push(await oneWake(client, proxy, mib, warmPool, round));
+    for (const v of variants) {
+      await createBenchPool(
+        { root: ROOT, kubeconfig: KUBECONFIG, core, custom },
+        {
+          name: v.pool,
+          labels: { 'sandbox-bridge.io/bench': v.label },
+          spec: {
+            namespace: v.ns,
+            maxBoxes: WARM + 4,
+            box: {
+              defaultImage: 'sandbox-bridge.local/box:dev',
+              defaultCpu: '250m',
+              defaultMemory: '256Mi',
+              workspaceSizeLimit: `${Math.max(1024, Math.max(...SIZES) * 4)}Mi`,
+              ...ON_REAL_NODE,
+            },
+            idle: { sleepAfterSeconds: SLEEP_AFTER_SECONDS },
+            warm: { count: 0 },
+          },
+        },
+      );
+      v.operator = await startProgram(v.root, 'dist/operator/main.js', proxy.kubeconfigFile(), {
+        ...shared,
+        LEASE_NAMESPACE: 'default',
+        LEASE_NAME: `${v.pool}-lease`,
+        POD_NAME: `${v.pool}-operator`,
+        POOL_SELECTOR: `sandbox-bridge.io/bench=${v.label}`,
+      });
+      v.bridge = await startProgram(v.root, 'dist/bridge/main.js', KUBECONFIG, { ...shared, BRIDGE_TOKEN: token, POOL_NAME: v.pool, SANDBOX_NAMESPACE: v.ns });
+      v.client = createBridgeClient({ url: `http://127.0.0.1:${v.bridge.port}`, token, retries: 0, timeoutMs: 600_000 });
     }
-    for (const outcome of ['slept', 'active', 'busy', 'too_large', 'error']) sleeps[outcome] = (await metric(operator, 'sandbox_operator_sleeps_total', { outcome })) ?? 0;
-    sleeps = Object.fromEntries(Object.entries(sleeps).filter(([, n]) => n > 0));
+    for (const warmPool of MODES) {
+      for (const v of variants) await setWarm(v, warmPool ? WARM : 0);
+      for (const mib of SIZES) {
+        for (let round = 1; round <= ROUNDS; round++) {
+          for (const v of round % 2 ? variants : [...variants].reverse()) wakes.push(await oneWake(v, proxy, mib, warmPool, round));
+        }
+      }
+    }
+    for (const v of variants) {
+      const counts: Record<string, number> = {};
+      for (const outcome of ['slept', 'active', 'busy', 'too_large', 'error']) {
+        const n = (await metric(v.operator!, 'sandbox_operator_sleeps_total', { outcome })) ?? 0;
+        if (n > 0) counts[outcome] = n;
+      }
+      sleeps[v.name] = counts;
+    }
   } catch (err) {
-    for (const p of programs) log(`last output of ${p === programs[0] ? 'the operator' : 'the bridge'}:\n${p.lines.slice(-15).join('\n')}`);
+    for (const v of variants) {
+      if (v.operator) log(`last output of the ${v.name} operator:\n${v.operator.lines.slice(-15).join('\n')}`);
+      if (v.bridge) log(`last output of the ${v.name} bridge:\n${v.bridge.lines.slice(-15).join('\n')}`);
+    }
     throw err;
   } finally {
-    await Promise.all(programs.map((p) => p.stop()));
+    await Promise.all(variants.flatMap((v) => [v.operator?.stop(), v.bridge?.stop()]));
     await proxy.stop();
     log('cleaning up');
-    await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: pool }).catch(() => undefined);
-    await core.deleteNamespace({ name: ns }).catch(() => undefined);
-    await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: `${pool}-lease`, namespace: 'default' }).catch(() => undefined);
-    await core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${pool}` }).catch(() => undefined);
+    for (const v of variants) {
+      await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: v.pool }).catch(() => undefined);
+      await core.deleteNamespace({ name: v.ns }).catch(() => undefined);
+      await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: `${v.pool}-lease`, namespace: 'default' }).catch(() => undefined);
+      await core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${v.pool}` }).catch(() => undefined);
+    }
     await removeSnapshots(store).catch((err: unknown) => log(`could not remove the bench's snapshots: ${String(err)}`));
   }
   report(wakes, sleeps, `${load} -> ${loadavg().map((l) => l.toFixed(2)).join(' ')}`);
@@ -208,38 +254,44 @@ async function removeSnapshots(env: Record<string, string>): Promise<void> {
   }
 }
 
-function report(wakes: Wake[], sleeps: Record<string, number>, load: string): void {
+function report(wakes: Wake[], sleeps: Record<string, Record<string, number>>, load: string): void {
   const s = (ms: number) => `${(ms / 1000).toFixed(2)} s`;
   const rows: string[][] = [];
   const groups: Record<string, { n: number; p50: number; p99: number; servedWarm: number; oldPodTerminating: number; toSleepP50: number }> = {};
+  const byVariant: Record<string, typeof groups> = {};
   for (const mib of SIZES) {
-    for (const warmPool of [false, true]) {
-      const these = wakes.filter((w) => w.mib === mib && w.warmPool === warmPool);
-      if (!these.length) continue;
-      const key = `${mib}MiB-${warmPool ? 'warm' : 'cold'}`;
-      const ms = these.map((w) => w.ms);
-      const p50 = percentile(ms, 50);
-      const p99 = percentile(ms, 99);
-      const toSleepP50 = percentile(these.map((w) => w.toSleepMs), 50);
-      groups[key] = { n: these.length, p50, p99, servedWarm: these.filter((w) => w.servedWarm).length, oldPodTerminating: these.filter((w) => w.oldPodTerminating).length, toSleepP50 };
-      const before = previous?.groups[key];
-      rows.push([
-        `${mib} MiB workspace, warm pool ${warmPool ? `on (${WARM})` : 'off'}`,
-        String(these.length),
-        `**${s(p50)}** / ${s(p99)}`,
-        before ? `${s(before.p50)} / ${s(before.p99)}` : '',
-        before ? `${(p50 / before.p50).toFixed(2)}x` : '',
-        String(these.filter((w) => w.servedWarm).length),
-        String(these.filter((w) => w.oldPodTerminating).length),
-        s(toSleepP50),
-        percentile(these.map((w) => w.load1), 50).toFixed(1),
-        mib === 10 && warmPool ? '<= 0.4 s p50' : '',
-      ]);
+    for (const warmPool of MODES) {
+      for (const v of variants) {
+        const these = wakes.filter((w) => w.variant === v.name && w.mib === mib && w.warmPool === warmPool);
+        if (!these.length) continue;
+        const key = `${mib}MiB-${warmPool ? 'warm' : 'cold'}`;
+        const ms = these.map((w) => w.ms);
+        const p50 = percentile(ms, 50);
+        const p99 = percentile(ms, 99);
+        const toSleepP50 = percentile(these.map((w) => w.toSleepMs), 50);
+        const group = { n: these.length, p50, p99, servedWarm: these.filter((w) => w.servedWarm).length, oldPodTerminating: these.filter((w) => w.oldPodTerminating).length, toSleepP50 };
+        (byVariant[v.name] ??= {})[key] = group;
+        if (v.root === ROOT) groups[key] = group;
+        const before = v.root === ROOT ? previous?.groups[key] : undefined;
+        rows.push([
+          `${mib} MiB workspace, warm pool ${warmPool ? `on (${WARM})` : 'off'}`,
+          v.name,
+          String(these.length),
+          `**${s(p50)}** / ${s(p99)}`,
+          before ? `${s(before.p50)} / ${s(before.p99)}` : '',
+          String(group.servedWarm),
+          String(group.oldPodTerminating),
+          s(toSleepP50),
+          percentile(these.map((w) => w.load1), 50).toFixed(1),
+          mib === 10 && warmPool ? '<= 0.4 s p50' : mib === 100 && warmPool ? '<= 0.6 s p50' : '',
+        ]);
+      }
     }
   }
-  // The operator's requests per sleep (each naming the box's record or pod), over every sleep.
+  // The operator's requests per sleep (each naming the box's record or pod), over every sleep of this build.
+  const ours = wakes.filter((w) => variants.find((v) => v.name === w.variant)?.root === ROOT);
   const perSleep: Record<string, number> = {};
-  for (const w of wakes) for (const [k, n] of Object.entries(w.sleepRequests)) perSleep[k] = (perSleep[k] ?? 0) + n / wakes.length;
+  for (const w of ours) for (const [k, n] of Object.entries(w.sleepRequests)) perSleep[k] = (perSleep[k] ?? 0) + n / ours.length;
   const perSleepTotal = Object.values(perSleep).reduce((a, b) => a + b, 0);
   const results = {
     date: new Date().toISOString(),
@@ -248,24 +300,28 @@ function report(wakes: Wake[], sleeps: Record<string, number>, load: string): vo
     loadavg: load,
     sleepAfterSeconds: SLEEP_AFTER_SECONDS,
     warm: WARM,
+    variants: variants.map((v) => ({ name: v.name, root: v.root })),
     groups,
+    byVariant,
     previous,
     operatorSleeps: sleeps,
     operatorRequestsPerSleep: perSleep,
     wakes,
   };
   const table = [
-    `| call to a sleeping box -> answered | n | p50 / p99 | previous run p50 / p99 | p50 / previous | woken into a warm pod | old pod still terminating at the call | last call -> Sleeping, p50 | load average (1 min) at the calls, median | target |`,
+    `| call to a sleeping box -> answered | build | n | p50 / p99 | previous run p50 / p99 | woken into a warm pod | old pod still terminating at the call | last call -> Sleeping, p50 | load average (1 min) at the calls, median | target |`,
     '|---|---|---|---|---|---|---|---|---|---|',
     ...rows.map((r) => `| ${r.join(' | ')} |`),
   ].join('\n');
   const md =
     `# Wake bench\n\n${results.date} — ${results.cores} cores, Node ${results.node}, load average ${load}; \`npm run bench:wake\` ` +
-    `(BENCH_WAKE_MIB=${SIZES.join(',')}, BENCH_WAKE_ROUNDS=${ROUNDS}, BENCH_WAKE_WARM=${WARM}); boxes of 250m / 256Mi on the real node (runc), ` +
+    `(BENCH_WAKE_MIB=${SIZES.join(',')}, BENCH_WAKE_ROUNDS=${ROUNDS}, BENCH_WAKE_WARM=${WARM}, BENCH_WAKE_MODES=${MODES.map((w) => (w ? 'warm' : 'cold')).join(',')}` +
+    `${variants.length > 1 ? `, BENCH_WAKE_BASELINE=${variants[0]!.root}` : ''}); boxes of 250m / 256Mi on the real node (runc), ` +
     `incompressible workspaces, the local cluster's versitygw on loopback; the operator (its own process) puts boxes to sleep after ` +
-    `${SLEEP_AFTER_SECONDS} s idle, the bridge (its own process) wakes them. Previous run: ${previous ? previous.date : 'none found'}.\n\n${table}\n\n` +
-    `Sleeps counted by the operator (sandbox_operator_sleeps_total): ${Object.entries(sleeps).map(([o, n]) => `${o} ${n}`).join(', ') || 'none'}. ` +
-    `Its API requests per sleep, naming the box's record or pod (mean over ${wakes.length} sleeps, through an API proxy): ` +
+    `${SLEEP_AFTER_SECONDS} s idle, the bridge (its own process) wakes them${variants.length > 1 ? '; the builds alternate round by round, each with its own operator, bridge and pool' : ''}. ` +
+    `Previous run: ${previous ? previous.date : 'none found'}.\n\n${table}\n\n` +
+    `Sleeps counted by the operators (sandbox_operator_sleeps_total): ${Object.entries(sleeps).map(([v, c]) => `${v}: ${Object.entries(c).map(([o, n]) => `${o} ${n}`).join(', ') || 'none'}`).join('; ')}. ` +
+    `This build's API requests per sleep, naming the box's record or pod (mean over ${ours.length} sleeps, through an API proxy): ` +
     `${perSleepTotal.toFixed(1)} (${Object.entries(perSleep).sort(([a], [b]) => a.localeCompare(b)).map(([k, n]) => `${k} ${n.toFixed(1)}`).join(', ')}).\n`;
   writeResults(ROOT, 'wake', md, results);
   process.stdout.write(`${md}\n`);
