@@ -86,10 +86,10 @@ test('the scope table', () => {
   expect(requiredScope('GET', '/health')).toBeUndefined();
   expect(requiredScope('GET', '/openapi.json')).toBeUndefined();
   // Contents (what is inside a box) need boxes:contents; facts about it boxes:read.
-  for (const path of ['/boxes/b/files', '/boxes/b/files/list', '/boxes/b/archive', '/boxes/b/processes/p1/output', '/boxes/{id}/files', '/boxes/{id}/processes/{pid}/output']) {
+  for (const path of ['/boxes/b/files', '/boxes/b/files/list', '/boxes/b/files/watch', '/boxes/{id}/files/watch', '/boxes/b/archive', '/boxes/b/processes/p1/output', '/boxes/{id}/files', '/boxes/{id}/processes/{pid}/output']) {
     expect([path, requiredScope('GET', path)]).toEqual([path, 'boxes:contents']);
   }
-  for (const path of ['/boxes/b/status', '/boxes/b/processes', '/boxes/b/processes/p1', '/snapshots/s1']) {
+  for (const path of ['/boxes/b/status', '/boxes/b/processes', '/boxes/b/processes/p1', '/boxes/b/metrics', '/snapshots/s1']) {
     expect([path, requiredScope('GET', path)]).toEqual([path, 'boxes:read']);
   }
   expect(requiredScope('PUT', '/boxes/b/files')).toBe('boxes:write');
