@@ -1,15 +1,17 @@
 // Bench: a cold start, create -> first exec answered, and where its time goes.
 //
-//   npm run bench:cold   (BENCH_COLD_N=20 per variant, BENCH_COLD_CPU=0.25, BENCH_COLD_MEMORY=64)
+//   npm run bench:cold   (BENCH_COLD_N=20 per variant, BENCH_COLD_CPU=0.25, BENCH_COLD_MEMORY=64;
+//                         BENCH_COLD_NODE_KEY / BENCH_COLD_LOGS: another node's label-and-taint
+//                         key and its kubelet.log + containerd.log directory, for a prototype node)
 //
-// On the local cluster's real node, no warm boxes (every create is a new pod), one bridge per
-// variant (each its own process), creates alternating between the variants, one box at a time;
-// each box is deleted and gone before the next create, so no pod start or stop races a
-// measured one on the 2 cores. Variants:
-// - `init-container`: boxd copied into an emptyDir by an init container (the default);
-// - `image-volume`: boxd's image mounted as an image volume (BOXD_IMAGE_VOLUME=true; Kubernetes
-//   1.35 image volumes, which need containerd >= 2.1 on the node): run only when the real node's
-//   runtime has them (else reported as not run, with the runtime's version).
+// On the local cluster's real node, no warm boxes (every create is a new pod), one pool and one
+// bridge per variant (each its own process), creates alternating between the variants, one box
+// at a time; each box is deleted and gone before the next create, so no pod start or stop races
+// a measured one on the 2 cores. Variants (the pool's spec.box.boxdDelivery):
+// - `InitContainer`: boxd copied into an emptyDir by an init container (the default);
+// - `ImageVolume`: boxd's image mounted as an image volume (Kubernetes 1.35 image volumes, which
+//   need containerd >= 2.1 on the node): run only when the node's runtime has them (else
+//   reported as not run, with the runtime's version).
 // Where the time goes, per create, in milliseconds from the node's own logs (kubelet's klog and
 // containerd's timestamps, .cluster/real-node/logs/), this process's clock for the rest:
 //   create sent -> the kubelet's SyncLoop ADD (bridge writes, scheduler, the kubelet's watch)
@@ -26,19 +28,24 @@ import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import type { BridgeClient } from '../client/index.js';
 import type { ChildProcess } from 'node:child_process';
-import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
+import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION, type BoxdDelivery } from '../common/pool.js';
 import { writeResults } from './results-file.js';
-import { ON_REAL_NODE, REAL_NODE_LABEL, ensureCluster, kubectl, percentile, startBenchBridge, startBenchOperator, waitUntil } from './setup.js';
+import { REAL_NODE_LABEL, ensureCluster, kubectl, percentile, startBenchBridge, startBenchOperator, waitUntil } from './setup.js';
 
 const ROOT = process.cwd();
 const N = Number(process.env.BENCH_COLD_N ?? 20);
 const CPU = Number(process.env.BENCH_COLD_CPU ?? 0.25);
 const MEMORY = Number(process.env.BENCH_COLD_MEMORY ?? 64);
 const KUBECONFIG = process.env.KUBECONFIG ?? join(ROOT, '.cluster/kubeconfig');
-const LOGS = join(ROOT, '.cluster/real-node/logs');
+const NODE_KEY = process.env.BENCH_COLD_NODE_KEY ?? REAL_NODE_LABEL;
+const LOGS = process.env.BENCH_COLD_LOGS ?? join(ROOT, '.cluster/real-node/logs');
+const ON_NODE = {
+  nodeSelector: { [NODE_KEY]: 'true' },
+  tolerations: [{ key: NODE_KEY, operator: 'Exists', effect: 'NoSchedule' }],
+};
 const id = randomBytes(3).toString('hex');
-const pool = `bench-cold-${id}`;
-const ns = `${pool}-boxes`;
+const poolOf = (v: Variant['name']) => `bench-cold-${id}-${v === 'InitContainer' ? 'init' : 'image'}`;
+const nsOf = (v: Variant['name']) => `${poolOf(v)}-boxes`;
 const token = randomBytes(24).toString('hex');
 const boxdKey = randomBytes(32).toString('hex');
 
@@ -48,11 +55,12 @@ kc.loadFromFile(KUBECONFIG);
 const core = kc.makeApiClient(k8s.CoreV1Api);
 const custom = kc.makeApiClient(k8s.CustomObjectsApi);
 const log = (msg: string) => process.stderr.write(`[bench:cold] ${msg}\n`);
+const ipsSeen = new Map<string, number>();
+const stopWatches: Array<() => void> = [];
 const ms = (v: number) => (Number.isFinite(v) ? `${v.toFixed(0)} ms` : '-');
 
 interface Variant {
-  name: 'init-container' | 'image-volume';
-  env: Record<string, string>;
+  name: BoxdDelivery;
 }
 
 /** One create, as the bench and the node's logs saw it (epoch ms). */
@@ -69,6 +77,25 @@ interface Sample {
   initExited?: number;
   boxCreate?: number;
   boxStarted?: number;
+  /** When this process's watch first saw the pod's IP (the kubelet reports it after its next relist). */
+  ipSeen?: number;
+}
+
+/** When this process first saw each pod with an IP, from a watch of the namespace (epoch ms). */
+function watchIps(namespace: string, seen: Map<string, number>): () => void {
+  let request: { abort: () => void } | undefined;
+  void new k8s.Watch(kc)
+    .watch(
+      `/api/v1/namespaces/${namespace}/pods`,
+      {},
+      (_type: string, pod: k8s.V1Pod) => {
+        const name = pod.metadata?.name;
+        if (name && pod.status?.podIP && !seen.has(`${pod.metadata?.uid}`)) seen.set(`${pod.metadata?.uid}`, Date.now());
+      },
+      () => undefined,
+    )
+    .then((r) => (request = r as { abort: () => void }));
+  return () => request?.abort();
 }
 
 /** A klog line's time (`I1127 07:21:04.601715 ...`): the year is not in it, the machine's clock is UTC. */
@@ -90,15 +117,18 @@ function fromNodeLogs(samples: Sample[]): void {
   const kubelet = readFileSync(join(LOGS, 'kubelet.log'), 'utf8').split('\n');
   const containerd = readFileSync(join(LOGS, 'containerd.log'), 'utf8').split('\n');
   for (const s of samples) {
-    const ref = `${ns}/${s.pod}"`;
-    const add = kubelet.find((l) => l.includes('"SyncLoop ADD"') && l.includes(ref));
+    const ref = `${nsOf(s.variant)}/${s.pod}"`;
+    // Box names repeat across runs (a digest of the session): only lines from this create on.
+    const since = s.t0 - 1000;
+    const add = kubelet.find((l) => l.includes('"SyncLoop ADD"') && l.includes(ref) && (klogTime(l) ?? 0) >= since);
     s.add = add ? klogTime(add) : undefined;
     let sandbox: string | undefined;
     const containers = new Map<string, string>(); // container id -> name
     for (const line of containerd) {
       const at = containerdTime(line);
-      if (at === undefined) continue;
-      if (line.includes(`RunPodSandbox for &PodSandboxMetadata{Name:${s.pod},`)) {
+      if (at === undefined || at < since) continue;
+      // containerd 1.6 logs `&PodSandboxMetadata{Name:<pod>,...}`, 2.x `name:\"<pod>\"`.
+      if (line.includes('RunPodSandbox for ') && (line.includes(`{Name:${s.pod},`) || line.includes(`name:\\"${s.pod}\\"`))) {
         const done = /returns sandbox id \\"([0-9a-f]+)\\"/.exec(line);
         if (done) {
           sandbox = done[1];
@@ -107,24 +137,26 @@ function fromNodeLogs(samples: Sample[]): void {
         continue;
       }
       if (!sandbox || !line.includes(sandbox) && ![...containers.keys()].some((c) => line.includes(c))) continue;
-      const create = /CreateContainer within sandbox \\"[0-9a-f]+\\" for (container )?&ContainerMetadata\{Name:([^,]+),/.exec(line);
+      const create = /CreateContainer within sandbox \\"[0-9a-f]+\\" for (?:container )?(?:&ContainerMetadata\{Name:([^,]+),|name:\\"([^\\]+)\\")/.exec(line);
       if (create) {
+        const name = create[1] ?? create[2]!;
         const made = /returns container id \\"([0-9a-f]+)\\"/.exec(line);
-        if (made) containers.set(made[1]!, create[2]!);
-        else if (create[2] === 'box') s.boxCreate ??= at;
+        if (made) containers.set(made[1]!, name);
+        else if (name === 'box') s.boxCreate ??= at;
         continue;
       }
       for (const [cid, name] of containers) {
         if (!line.includes(cid)) continue;
         if (name === 'box' && line.includes('StartContainer for') && line.includes('returns successfully')) s.boxStarted ??= at;
-        if (name === 'boxd-install' && line.includes('shim disconnected')) s.initExited ??= at;
+        // 1.6: the container's shim goes; 2.x (one shim per pod): an exit event.
+        if (name === 'boxd-install' && (line.includes('shim disconnected') || line.includes('received container exit event'))) s.initExited ??= at;
       }
     }
   }
 }
 
 async function nodeRuntime(): Promise<string> {
-  const nodes = await core.listNode({ labelSelector: `${REAL_NODE_LABEL}=true` });
+  const nodes = await core.listNode({ labelSelector: `${NODE_KEY}=true` });
   return nodes.items[0]?.status?.nodeInfo?.containerRuntimeVersion ?? '';
 }
 
@@ -134,9 +166,9 @@ function hasImageVolumes(runtime: string): boolean {
   return Boolean(m && (Number(m[1]) > 2 || (Number(m[1]) === 2 && Number(m[2]) >= 1)));
 }
 
-async function podGone(name: string): Promise<boolean> {
+async function podGone(name: string, namespace: string): Promise<boolean> {
   try {
-    await core.readNamespacedPod({ name, namespace: ns });
+    await core.readNamespacedPod({ name, namespace });
     return false;
   } catch {
     return true;
@@ -146,14 +178,15 @@ async function podGone(name: string): Promise<boolean> {
 async function once(variant: Variant, client: BridgeClient, i: number): Promise<Sample> {
   const load = loadavg()[0]!;
   const t0 = Date.now();
-  const box = await client.createBox({ sessionId: `cold-${variant.name}-${i}`, cpu: CPU, memory: MEMORY });
+  const box = await client.createBox({ sessionId: `cold-${id}-${variant.name}-${i}`, cpu: CPU, memory: MEMORY });
+  const uid = (await core.readNamespacedPod({ name: box.pod_name, namespace: nsOf(variant.name) }).catch(() => undefined))?.metadata?.uid;
   const created = Date.now();
   const r = await client.exec(box.box_id, { command: 'true' });
   const answered = Date.now();
   if (r.exit_code !== 0) throw new Error(`first exec exited ${r.exit_code}`);
   await client.deleteBox(box.box_id);
-  await waitUntil(`box ${box.pod_name} gone`, () => podGone(box.pod_name), 60_000);
-  return { variant: variant.name, pod: box.pod_name, load, t0, created, answered };
+  await waitUntil(`box ${box.pod_name} gone`, () => podGone(box.pod_name, nsOf(variant.name)), 60_000);
+  return { variant: variant.name, pod: box.pod_name, load, t0, created, answered, ...(uid && ipsSeen.has(uid) ? { ipSeen: ipsSeen.get(uid)! } : {}) };
 }
 
 const stat = (v: Array<number | undefined>) => {
@@ -175,52 +208,57 @@ function phases(samples: Sample[]) {
     toBoxCreate: stat(samples.map((s) => d(s.sandboxEnd, s.boxCreate))),
     boxContainer: stat(samples.map((s) => d(s.boxCreate, s.boxStarted))),
     toAnswer: stat(samples.map((s) => d(s.boxStarted, s.answered))),
+    sandboxToIp: stat(samples.map((s) => d(s.sandboxEnd, s.ipSeen))),
+    ipToAnswer: stat(samples.map((s) => d(s.ipSeen, s.answered))),
     load: stat(samples.map((s) => s.load)),
   };
 }
 
 async function main() {
-  if ((await core.listNode({ labelSelector: `${REAL_NODE_LABEL}=true` })).items.length === 0) {
+  if ((await core.listNode({ labelSelector: `${NODE_KEY}=true` })).items.length === 0) {
     log('no real node: skipped');
     return;
   }
   const runtime = await nodeRuntime();
-  const variants: Variant[] = [{ name: 'init-container', env: { BOXD_IMAGE_VOLUME: 'false' } }];
-  if (hasImageVolumes(runtime)) variants.push({ name: 'image-volume', env: { BOXD_IMAGE_VOLUME: 'true' } });
-  else log(`the real node runs ${runtime}: no image volumes (containerd >= 2.1), image-volume not run`);
+  const variants: Variant[] = [{ name: 'InitContainer' }];
+  if (hasImageVolumes(runtime)) variants.push({ name: 'ImageVolume' });
+  else log(`the node runs ${runtime}: no image volumes (containerd >= 2.1), ImageVolume not run`);
 
   kubectl(ROOT, KUBECONFIG, 'apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(ROOT, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
   kubectl(ROOT, KUBECONFIG, 'wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
-  const operator = await startBenchOperator(ROOT, KUBECONFIG, { pool, id, boxdKey });
+  const operator = await startBenchOperator(ROOT, KUBECONFIG, { pool: `bench-cold-${id}`, id, boxdKey });
   const bridges: ChildProcess[] = [];
   const samples: Sample[] = [];
   const errors: string[] = [];
   try {
-    await custom.createClusterCustomObject({
-      group: POOL_GROUP,
-      version: POOL_VERSION,
-      plural: POOL_PLURAL,
-      body: {
-        apiVersion: POOL_API_VERSION,
-        kind: POOL_KIND,
-        metadata: { name: pool, labels: { 'sandbox-bridge.io/bench': id } },
-        spec: {
-          namespace: ns,
-          maxBoxes: 10,
-          maxBoxesPerSession: 3,
-          box: { defaultImage: 'sandbox-bridge.local/box:dev', defaultCpu: `${Math.round(CPU * 1000)}m`, defaultMemory: `${MEMORY}Mi`, ...ON_REAL_NODE },
-          warm: { count: 0 },
+    for (const v of variants) {
+      await custom.createClusterCustomObject({
+        group: POOL_GROUP,
+        version: POOL_VERSION,
+        plural: POOL_PLURAL,
+        body: {
+          apiVersion: POOL_API_VERSION,
+          kind: POOL_KIND,
+          metadata: { name: poolOf(v.name), labels: { 'sandbox-bridge.io/bench': id } },
+          spec: {
+            namespace: nsOf(v.name),
+            maxBoxes: 10,
+            maxBoxesPerSession: 3,
+            box: { defaultImage: 'sandbox-bridge.local/box:dev', defaultCpu: `${Math.round(CPU * 1000)}m`, defaultMemory: `${MEMORY}Mi`, boxdDelivery: v.name, ...ON_NODE },
+            warm: { count: 0 },
+          },
         },
-      },
-    });
-    // The namespace and its NetworkPolicy (the operator's) in place before the first create.
-    await waitUntil('the pool namespace and its NetworkPolicy', async () => {
-      const policies = await kc.makeApiClient(k8s.NetworkingV1Api).listNamespacedNetworkPolicy({ namespace: ns });
-      return policies.items.length > 0;
-    }, 60_000);
+      });
+      // The namespace and its NetworkPolicy (the operator's) in place before the first create.
+      await waitUntil('the pool namespace and its NetworkPolicy', async () => {
+        const policies = await kc.makeApiClient(k8s.NetworkingV1Api).listNamespacedNetworkPolicy({ namespace: nsOf(v.name) });
+        return policies.items.length > 0;
+      }, 60_000);
+    }
+    for (const v of variants) stopWatches.push(watchIps(nsOf(v.name), ipsSeen));
     const clients: BridgeClient[] = [];
     for (const v of variants) {
-      const b = await startBenchBridge(ROOT, KUBECONFIG, { token, boxdKey, pool, namespace: ns, env: v.env });
+      const b = await startBenchBridge(ROOT, KUBECONFIG, { token, boxdKey, pool: poolOf(v.name), namespace: nsOf(v.name) });
       bridges.push(b.child);
       clients.push(b.client);
     }
@@ -240,12 +278,15 @@ async function main() {
     }
   } finally {
     for (const b of bridges) b.kill('SIGTERM');
+    for (const stop of stopWatches) stop();
     log('cleaning up');
-    await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: pool }).catch(() => undefined);
-    await core.deleteNamespace({ name: ns }).catch(() => undefined);
+    for (const v of variants) {
+      await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: poolOf(v.name) }).catch(() => undefined);
+      await core.deleteNamespace({ name: nsOf(v.name) }).catch(() => undefined);
+    }
     operator.kill('SIGTERM');
     await new Promise((r) => setTimeout(r, 2000));
-    await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: `${pool}-lease`, namespace: 'default' }).catch(() => undefined);
+    await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: `bench-cold-${id}-lease`, namespace: 'default' }).catch(() => undefined);
   }
 
   fromNodeLogs(samples);
@@ -263,6 +304,8 @@ async function main() {
     ['&nbsp;&nbsp;of which: the kubelet noticing the exit (PLEG relist, 1 s period)', (p) => `${ms(p.noticeExit.p50)} / ${ms(p.noticeExit.p99)}`],
     ['-> box container StartContainer returns', (p) => `${ms(p.boxContainer.p50)} / ${ms(p.boxContainer.p99)}`],
     ['-> first exec answered (boxd start, the bridge\'s probe, the exec)', (p) => `${ms(p.toAnswer.p50)} / ${ms(p.toAnswer.p99)}`],
+    ['the pod IP: RunPodSandbox returned -> seen on a watch (the kubelet reports it after its next PLEG relist)', (p) => `${ms(p.sandboxToIp.p50)} / ${ms(p.sandboxToIp.p99)}`],
+    ['the pod IP seen -> first exec answered (the bridge waits for the IP, then probes boxd every 25 ms)', (p) => `${ms(p.ipToAnswer.p50)} / ${ms(p.ipToAnswer.p99)}`],
     ['load average (1 min) at the creates, p50 / max', (p) => `${p.load.p50.toFixed(1)} / ${p.load.p99.toFixed(1)}`],
   ];
   const names = variants.map((v) => v.name);
@@ -273,7 +316,7 @@ async function main() {
   ].join('\n');
   const md =
     `# Cold start bench\n\n${results.date} — ${results.cores} cores, Node ${results.node}; \`npm run bench:cold\`; ` +
-    `boxes of ${Math.round(CPU * 1000)}m / ${MEMORY}Mi on the real node (${runtime}, runc), no warm boxes, one bridge per variant, ` +
+    `boxes of ${Math.round(CPU * 1000)}m / ${MEMORY}Mi on the node labelled ${NODE_KEY} (${runtime}, runc), no warm boxes, one pool (spec.box.boxdDelivery) and bridge per variant, ` +
     `creates alternating between variants, one box at a time (each deleted and gone before the next); n=${N} per variant. ` +
     `Phases from the kubelet's and containerd's logs; errors: ${errors.length}.\n\n${table}\n`;
   writeResults(ROOT, 'cold-start', md, results);
