@@ -128,7 +128,7 @@ async function main() {
       {
         name: pool,
         labels: { 'sandbox-bridge.io/bench': id },
-        spec: { namespace: ns, maxBoxes: 2, box: { defaultImage: 'sandbox-bridge.local/box:dev', defaultCpu: '500m', defaultMemory: '256Mi', ...ON_REAL_NODE }, warm: { count: 0 } },
+        spec: { namespace: ns, maxBoxes: 2, maxBoxesPerSession: 1, box: { defaultImage: 'sandbox-bridge.local/box:dev', defaultCpu: '500m', defaultMemory: '256Mi', ...ON_REAL_NODE }, warm: { count: 0 } },
       },
     );
     operator = await startProgram(ROOT, 'dist/operator/main.js', KUBECONFIG, {
