@@ -255,9 +255,6 @@ async function main() {
       await startBridge(v);
       const box = await v.client!.createBox({ sessionId: 'bench-snap-source', cpu: CPU, memory: MEMORY_MIB });
       v.box = box.box_id;
-      const pod = await core.readNamespacedPod({ name: box.pod_name, namespace: v.pool });
-      v.cgroup = podCgroup(pod.metadata!.uid!);
-      if (!v.cgroup) log(`the box's cgroup was not found: its CPU is not reported`);
     }
     // The same workspace in every variant's box.
     const digests: string[] = [];
@@ -265,6 +262,10 @@ async function main() {
       const made = await v.client!.exec(v.box!, { command: workspaceScript(MIB, KIND), timeoutMs: 600_000 });
       if (made.exit_code !== 0) throw new Error(`writing the workspace: exit ${made.exit_code} ${made.stderr}`);
       dataBytes = Number(made.stdout.trim());
+      // Looked up once the box has run a command: a create may answer before its pod's cgroup exists.
+      const pod = await core.readNamespacedPod({ name: (await v.client!.status(v.box!)).pod_name, namespace: v.pool });
+      v.cgroup = podCgroup(pod.metadata!.uid!);
+      if (!v.cgroup) log(`the box's cgroup was not found: its CPU is not reported`);
       digests.push((await v.client!.exec(v.box!, { command: TREE_DIGEST, timeoutMs: 600_000 })).stdout.trim());
       // A warm-up snapshot and restore, so the baseline RSS holds the store client's code and
       // the first timed round loads nothing.
