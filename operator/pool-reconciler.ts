@@ -96,6 +96,8 @@ export class SeenBoxes {
 const NAMESPACE_RETRY_MS = 2000;
 /** How long a box the scheduler found no room for waits after a warm pod yielded to it before the next one does. */
 const YIELD_EVERY_MS = 3000;
+/** A warm seat kept because the API server still shows its pod is looked at again after this. */
+const SEAT_RECHECK_MS = 5000;
 
 export class PoolReconciler {
   private readonly core: k8s.CoreV1Api;
@@ -309,8 +311,13 @@ export class PoolReconciler {
     const max = this.o.maxReapsPerPass ?? 1000;
     const batch = plan.reaps.slice(0, max);
     const failures: string[] = [];
+    let held = 0;
     await mapLimit(batch, this.o.deleteConcurrency ?? 32, async (reap) => {
       try {
+        if (await this.seatStillHeld(reap)) {
+          held++;
+          return;
+        }
         await this.deleteOne(reap);
         this.deleting.set(reap.uid, now);
         this.o.metrics.boxesReaped.inc({ reason: reap.reason });
@@ -327,9 +334,24 @@ export class PoolReconciler {
     let requeueAfterMs: number | undefined;
     if (plan.reaps.length > batch.length) requeueAfterMs = 0;
     else if (failures.length) requeueAfterMs = 1000;
+    else if (held) requeueAfterMs = SEAT_RECHECK_MS; // judged again once the caches may have caught up
     else if (plan.nextDueAt !== undefined) requeueAfterMs = Math.max(0, plan.nextDueAt - this.now());
     const error = failures.length ? `could not delete ${failures.length} object(s): ${failures.slice(0, 3).join('; ')}` : undefined;
     return { active: plan.active, ...(requeueAfterMs !== undefined ? { requeueAfterMs } : {}), ...(error ? { error } : {}) };
+  }
+
+  /**
+   * A warm seat the caches show without its pod is freed only once the API server itself shows no
+   * pod holding it: a seat freed under a live pod lets another box take its number, one box over
+   * maxBoxes. The caches may lag its pod by more than the grace (a loaded API server), and its
+   * pod's create may not have answered yet.
+   */
+  private async seatStillHeld(reap: Reap): Promise<boolean> {
+    const n = reap.kind === 'Secret' && reap.reason === 'orphaned_secret' ? seatNumberOf(reap.name) : undefined;
+    if (n === undefined) return false;
+    if (this.warmPods?.seatStarting(reap.namespace, reap.name)) return true;
+    const holders = await this.core.listNamespacedPod({ namespace: reap.namespace, labelSelector: `${LABELS.seat}=${n}`, limit: 1 });
+    return holders.items.length > 0;
   }
 
   private async deleteOne(reap: Reap): Promise<void> {

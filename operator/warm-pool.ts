@@ -192,6 +192,9 @@ export interface WarmPodsOptions {
 }
 
 export class WarmPods {
+  /** Seats (namespace/name) whose warm pod's create has not answered yet. */
+  private readonly starting = new Set<string>();
+
   constructor(private readonly o: WarmPodsOptions) {}
 
   template(pool: SandboxPool, shape?: BoxShape): string {
@@ -245,6 +248,33 @@ export class WarmPods {
       }
     }
     if (seat === undefined) throw new NoSeatError(pool.spec.maxBoxes);
+    // Until its pod's create has answered, the seat has no pod anyone can see: the reaper must not
+    // take it for an orphan, however slow the API server is (seatsStarting).
+    const starting = `${ns}/${seatName(seat)}`;
+    this.starting.add(starting);
+    try {
+      await this.createPod(pool, name, nonce, seat, seatUid, template, warm, unowned);
+    } finally {
+      this.starting.delete(starting);
+    }
+  }
+
+  /** Whether a warm seat's pod is being created by this operator right now. */
+  seatStarting(namespace: string, seat: string): boolean {
+    return this.starting.has(`${namespace}/${seat}`);
+  }
+
+  private async createPod(
+    pool: SandboxPool,
+    name: string,
+    nonce: string,
+    seat: number,
+    seatUid: string | undefined,
+    template: string,
+    warm: Pick<WarmShape, 'id' | 'shape'>,
+    unowned: k8s.V1OwnerReference,
+  ): Promise<void> {
+    const ns = pool.spec.namespace;
     const pod = buildBoxPod({
       name,
       namespace: ns,

@@ -2,6 +2,7 @@
 // deleted on time (timers, not polling), each reap is recorded as an Event on the pool, and
 // totalBoxesCreated continues across an operator restart without double counting.
 import * as k8s from '@kubernetes/client-node';
+import { ANNOTATIONS, LABELS, SECRET_COMPONENTS } from '../../common/labels.js';
 import { waitFor, testKubeConfig } from '../support/cluster.js';
 import { Pools, boxPod, boxRecord, deleteLease, installCrd, startOperator, uniqueName, type OperatorProcess } from '../support/operator.js';
 
@@ -106,6 +107,36 @@ test('a finished box and an orphaned env Secret are deleted; a live box keeps it
     return r.includes('BoxFinished') && r.includes('OrphanedSecretDeleted') ? r : undefined;
   });
   expect(reasons).toEqual(expect.arrayContaining(['BoxFinished', 'OrphanedSecretDeleted']));
+});
+
+test("a warm seat is not freed while the API server shows a pod holding it, though the operator's caches do not (issue 24: a pool over maxBoxes)", async () => {
+  const { name, ns } = await pools.createReady();
+  // Its pod as a lagging cache would hide it: with the seat label but outside the caches' selector.
+  const holder = boxPod('holder', name);
+  holder.metadata!.labels = { [LABELS.seat]: '3' };
+  await core.createNamespacedPod({ namespace: ns, body: holder });
+  const seat = (n: number): k8s.V1Secret => ({
+    metadata: {
+      name: `box-seat-${n}`,
+      labels: { [LABELS.box]: 'true', [LABELS.component]: SECRET_COMPONENTS.credential, [LABELS.pool]: name },
+      annotations: { [ANNOTATIONS.warmPod]: `box-warm-${n}` },
+    },
+    stringData: { token: 'x' },
+  });
+  await core.createNamespacedSecret({ namespace: ns, body: seat(3) });
+  await core.createNamespacedSecret({ namespace: ns, body: seat(4) }); // no pod at all: an orphan
+  const gone = (n: number) =>
+    core.readNamespacedSecret({ name: `box-seat-${n}`, namespace: ns }).then(
+      () => undefined,
+      (err: unknown) => (err instanceof k8s.ApiException && err.code === 404 ? true : undefined),
+    );
+  await waitFor('the orphaned seat to go', () => gone(4));
+  // Well past the 1 s grace, with the orphan's reap done: the held seat stays.
+  await new Promise((r) => setTimeout(r, 2000));
+  await expect(core.readNamespacedSecret({ name: 'box-seat-3', namespace: ns })).resolves.toBeDefined();
+  // Its pod gone, it is freed on a later look.
+  await core.deleteNamespacedPod({ name: 'holder', namespace: ns, gracePeriodSeconds: 0 });
+  await waitFor('the seat to be freed once its pod is gone', () => gone(3), { timeoutMs: 20_000 });
 });
 
 test('totalBoxesCreated survives an operator restart without double counting', async () => {
