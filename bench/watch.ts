@@ -164,7 +164,7 @@ async function main() {
       {
         name: pool,
         labels: { 'sandbox-bridge.io/bench': id },
-        spec: { namespace: ns, maxBoxes: 2, box: { defaultImage: 'sandbox-bridge.local/box:dev', defaultCpu: '250m', defaultMemory: '128Mi', ...ON_REAL_NODE }, warm: { count: 0 } },
+        spec: { namespace: ns, maxBoxes: 3, box: { defaultImage: 'sandbox-bridge.local/box:dev', defaultCpu: '250m', defaultMemory: '128Mi', ...ON_REAL_NODE }, warm: { count: 0 } },
       },
     );
     operator = await startProgram(ROOT, 'dist/operator/main.js', KUBECONFIG, {
