@@ -118,7 +118,7 @@ async function latencyRound(way: Way, hostDir: string, boxDir: string, r: number
   try {
     let from = 0;
     for (let i = 0; i < WRITES; i++) {
-      const name = `l${r}-${i}`;
+      const name = `l${way.name}${r}-${i}`;
       const began = performance.now();
       writeFileSync(join(hostDir, name), '');
       const got = await s.until((l) => l.type === 'create' && l.path === `${boxDir}/${name}`, from, 10_000);
@@ -137,8 +137,8 @@ async function floodRound(way: Way, hostDir: string, boxDir: string, r: number) 
   const s = await Stream.open(way, boxDir);
   try {
     const began = performance.now();
-    for (let i = 0; i < FLOOD; i++) writeFileSync(join(hostDir, `f${r}-${i}`), '');
-    const last = `${boxDir}/f${r}-${FLOOD - 1}`;
+    for (let i = 0; i < FLOOD; i++) writeFileSync(join(hostDir, `f${way.name}${r}-${i}`), '');
+    const last = `${boxDir}/f${way.name}${r}-${FLOOD - 1}`;
     await s.until((l) => l.type === 'create' && l.path === last, 0, 30_000);
     await sleep(300); // late lines (an overflow's count)
     const creates = s.lines.filter((l) => l.line.type === 'create');
