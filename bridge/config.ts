@@ -65,6 +65,8 @@ export const ConfigSchema = z
     ARCHIVE_MAX_ENTRIES: int(100_000, 1),
     /** Live background processes and terminals per box. */
     MAX_PROCESSES_PER_BOX: int(32, 1),
+    /** File watches of one box at once, across every replica (boxd counts them; one more is 429). */
+    FILE_WATCHES_PER_BOX: int(16, 1),
     /**
      * Bytes this replica may hold for requests at once: exec answers, JSON file reads, transfers,
      * output streams, terminals, answers from boxes (services/byte-budget.ts). Beyond: 503, retry.

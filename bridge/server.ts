@@ -48,7 +48,7 @@ import { EgressService } from './services/egress.js';
 import { SessionOutputsService } from './services/session-outputs.js';
 import { MemoryMountService } from './services/mounts.js';
 import { PortService } from './services/ports.js';
-import { ObserveService, WATCHES_PER_BOX } from './services/observe.js';
+import { ObserveService } from './services/observe.js';
 import { PreviewSigner, PreviewUrls } from './services/preview-links.js';
 import { mountsClient } from '../common/memory-store.js';
 
@@ -235,7 +235,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     connector,
     boxd,
     budget,
-    maxWatchesPerBox: WATCHES_PER_BOX,
+    maxWatchesPerBox: config.FILE_WATCHES_PER_BOX,
     onSample: (pool, sample) => {
       metrics.boxCpuCores.observe({ pool }, sample.cpu.used_cores);
       metrics.boxMemoryBytes.observe({ pool }, sample.memory.used_bytes);

@@ -32,9 +32,6 @@ export interface ObserveServiceDeps {
   onSample?: (pool: string, sample: BoxdMetricsSample) => void;
 }
 
-/** Watches of one box at once, across every replica (boxd's bound, PROTOCOL.md "File watch"). */
-export const WATCHES_PER_BOX = 16;
-
 /** A watch line from boxd longer than this is not boxd's: the stream is cut. */
 const MAX_LINE_BYTES = 64 * 1024;
 /** Boxes whose last observed sample is remembered (one observation per box per sample). */

@@ -22,7 +22,8 @@ suite('file watch and box metrics in a real box', () => {
   beforeAll(async () => {
     namespace = await createTestNamespace(kc, 'observe', { 'pod-security.kubernetes.io/enforce': 'restricted' });
     const policy = testPolicy(namespace, ON_REAL_NODE);
-    [bridgeA, bridgeB] = await Promise.all([startTestBridge(kc, policy), startTestBridge(kc, policy)]);
+    // Two watches per box at most (FILE_WATCHES_PER_BOX): the bound is the box's, across replicas.
+    [bridgeA, bridgeB] = await Promise.all([startTestBridge(kc, policy, { FILE_WATCHES_PER_BOX: '2' }), startTestBridge(kc, policy, { FILE_WATCHES_PER_BOX: '2' })]);
     call = api(bridgeA);
     client = testClient(bridgeB, { retries: 0 });
     const created = await call('POST', '/boxes', { sessionId: 'observe-tests', cpu: 0.25, memory: 128 });
@@ -165,6 +166,20 @@ suite('file watch and box metrics in a real box', () => {
       await exec('rm -rf /workspace/flood');
     }
   }, 180_000);
+
+  test('FILE_WATCHES_PER_BOX watches of a box at once, across replicas; one more is 429 with Retry-After', async () => {
+    const viaA = client.watchFiles(box, '.');
+    const viaB = testClient(bridgeA, { retries: 0 }).watchFiles(box, '.');
+    try {
+      expect((await nextOf(viaA)()).type).toBe('ready');
+      expect((await nextOf(viaB)()).type).toBe('ready');
+      const third = await call('GET', `/boxes/${box}/files/watch?path=.`);
+      expect({ status: third.status, type: third.json?.error?.type }).toEqual({ status: 429, type: 'rate_limited' });
+      expect(third.headers.get('retry-after')).toBe('1');
+    } finally {
+      await Promise.all([viaA.return(undefined), viaB.return(undefined)]);
+    }
+  });
 
   test('bad input: 400 JSON; a missing path 404; boxd\'s own directories 403', async () => {
     const bad = await call('GET', `/boxes/${box}/files/watch?recursive=maybe`);
