@@ -123,3 +123,22 @@ test('previewUrl: null without a box; with one, a link to the port of the sessio
   expect(await executor.previewUrl(3000, { expiresInSeconds: 60 })).toEqual({ url: link.url, expiresAt: new Date(link.expires_at) });
   expect(seen.at(-1)).toMatchObject({ method: 'POST', path: `/boxes/${BOX}/ports/3000/preview`, body: { expires_in_seconds: 60 } });
 });
+
+test('getMetrics: null without a box or with it asleep (never creating or waking one); since passed on', async () => {
+  const metrics = { box_id: BOX, at: '2030-01-01T00:00:05.000Z', cpu: { used_cores: 0.1 }, history: [] };
+  let asleep = false;
+  const { client, seen } = fakeBridge({
+    [`GET /boxes/${BOX}/metrics`]: () =>
+      asleep ? json({ error: { type: 'conflict', message: `box ${BOX} is asleep` } }, 409) : json(metrics),
+  });
+  const executor = new ClusterBridgeExecutor(client, { sessionId: 's' });
+  expect(await executor.getMetrics()).toBeNull();
+  expect(seen.map((s) => `${s.method} ${s.path}`)).not.toContain('POST /boxes');
+  await executor.exec('true');
+  const since = new Date('2030-01-01T00:00:00.000Z');
+  expect(await executor.getMetrics({ since })).toEqual(metrics);
+  expect(seen.at(-1)).toMatchObject({ method: 'GET', path: `/boxes/${BOX}/metrics`, query: { since: since.toISOString() } });
+  asleep = true;
+  expect(await executor.getMetrics()).toBeNull();
+  expect(seen.filter((s) => s.method === 'POST' && s.path === '/boxes')).toHaveLength(1);
+});
