@@ -13,10 +13,11 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { RunningBridge } from '../../bridge/server.js';
+import type { WatchEvent } from '../../client/index.js';
 import { LABELS } from '../../common/labels.js';
 import { ObjectStore, ObjectStoreConfigSchema } from '../../common/object-store.js';
 import { parseSnapshotId, snapshotKey, METADATA_OBJECT, WORKSPACE_OBJECT } from '../../common/snapshots.js';
-import { ON_REAL_NODE, api } from '../support/bridge.js';
+import { ON_REAL_NODE, api, testClient } from '../support/bridge.js';
 import { realNodeAvailable } from '../support/cluster.js';
 import { boxPods, core, eventsAbout, kc, metricAt, operatorMetric, record, startLifecycle, until, type LifecycleEnv } from '../support/lifecycle.js';
 import { freePort } from '../support/operator.js';
@@ -84,8 +85,15 @@ suite('idle sleep and wake on the real node with the real store', () => {
     expect((await call('POST', `/boxes/${box}/env`, { envVars: { SECRET_TOKEN: secret, EMPTY: '' } })).status).toBe(200);
     const before = (await exec(call, box, TREE_SUM)).stdout;
     const firstPod = (await boxPods(env.pool.ns, box))[0]!.metadata!.uid;
+    // A file watch open through the other replica neither keeps the box awake nor outlives it.
+    const watch = testClient(bridgeB, { retries: 0 }).watchFiles(box, '.');
+    expect((await watch.next()).value).toMatchObject({ type: 'ready' });
 
     const status = await sleeping(call, box);
+    let last: IteratorResult<WatchEvent>;
+    do last = await Promise.race([watch.next(), new Promise<never>((_, reject) => setTimeout(() => reject(new Error('the watch did not end within 30 s')), 30_000).unref())]);
+    while (!last.done && last.value.type !== 'end');
+    expect(last.value).toEqual({ type: 'end', reason: 'sleep' });
     expect(status).toMatchObject({ box_id: box, status: 'Sleeping', pod_name: '', session_id: 'sleepy', cpu: '250m', memory: '256Mi', snapshot_id: expect.stringMatching(/^snap-/) });
     expect(Date.parse(status.expires_at)).toBeGreaterThan(Date.now());
     expect((await boxPods(env.pool.ns, box)).filter((p) => !p.metadata?.deletionTimestamp)).toHaveLength(0);
