@@ -39,7 +39,7 @@ import * as k8s from '@kubernetes/client-node';
 import { BridgeClientError, createBridgeClient, type BridgeClient } from '../client/index.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
-import { BOXD_IMAGE, ON_REAL_NODE, REAL_NODE_LABEL, clusterUp, createBenchPool, ensureCluster, freePort, percentile } from './setup.js';
+import { BOXD_IMAGE, clusterUp, createBenchPool, deletePool, ensureCluster, freePort, ON_REAL_NODE, percentile, REAL_NODE_LABEL } from './setup.js';
 import { ANNOTATIONS, BOX_SELECTOR, LABELS, MANAGED_BY, sessionHash } from '../common/labels.js';
 
 const ROOT = process.cwd();
@@ -694,7 +694,7 @@ async function main() {
     // Waited for: a bridge with --cpu-prof writes its profile as it exits.
     await Promise.all([child, second, baseline, ...variants].map((c) => c && stopChild(c)));
     log('cleaning up');
-    await custom.deleteClusterCustomObject({ group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools', name: pool }).catch(() => undefined);
+    await deletePool(custom, pool);
     // Force-delete: the pods are on simulated nodes and nobody waits for them to shut down.
     await core.deleteCollectionNamespacedPod({ namespace: ns, labelSelector: BOX_SELECTOR, gracePeriodSeconds: 0 }).catch(() => undefined);
     await core.deleteNamespace({ name: ns }).catch(() => undefined);

@@ -28,9 +28,9 @@ import { randomBytes } from 'node:crypto';
 import * as k8s from '@kubernetes/client-node';
 import type { BridgeClient } from '../client/index.js';
 import type { ChildProcess } from 'node:child_process';
-import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION, type BoxdDelivery } from '../common/pool.js';
+import { type BoxdDelivery } from '../common/pool.js';
 import { writeResults } from './results-file.js';
-import { REAL_NODE_LABEL, ensureCluster, kubectl, percentile, startBenchBridge, startBenchOperator, waitUntil } from './setup.js';
+import { benchCluster, createPool, deletePool, installPoolCrd, percentile, REAL_NODE_LABEL, startBenchBridge, startBenchOperator, waitUntil } from './setup.js';
 
 const ROOT = process.cwd();
 const N = Number(process.env.BENCH_COLD_N ?? 20);
@@ -49,11 +49,7 @@ const nsOf = (v: Variant['name']) => `${poolOf(v)}-boxes`;
 const token = randomBytes(24).toString('hex');
 const boxdKey = randomBytes(32).toString('hex');
 
-ensureCluster(ROOT, KUBECONFIG, []);
-const kc = new k8s.KubeConfig();
-kc.loadFromFile(KUBECONFIG);
-const core = kc.makeApiClient(k8s.CoreV1Api);
-const custom = kc.makeApiClient(k8s.CustomObjectsApi);
+const { kc, core, custom } = benchCluster(ROOT, KUBECONFIG);
 const log = (msg: string) => process.stderr.write(`[bench:cold] ${msg}\n`);
 const ipsSeen = new Map<string, number>();
 const stopWatches: Array<() => void> = [];
@@ -224,29 +220,22 @@ async function main() {
   if (hasImageVolumes(runtime)) variants.push({ name: 'ImageVolume' });
   else log(`the node runs ${runtime}: no image volumes (containerd >= 2.1), ImageVolume not run`);
 
-  kubectl(ROOT, KUBECONFIG, 'apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(ROOT, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
-  kubectl(ROOT, KUBECONFIG, 'wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
+  installPoolCrd(ROOT, KUBECONFIG);
   const operator = await startBenchOperator(ROOT, KUBECONFIG, { pool: `bench-cold-${id}`, id, boxdKey });
   const bridges: ChildProcess[] = [];
   const samples: Sample[] = [];
   const errors: string[] = [];
   try {
     for (const v of variants) {
-      await custom.createClusterCustomObject({
-        group: POOL_GROUP,
-        version: POOL_VERSION,
-        plural: POOL_PLURAL,
-        body: {
-          apiVersion: POOL_API_VERSION,
-          kind: POOL_KIND,
-          metadata: { name: poolOf(v.name), labels: { 'sandbox-bridge.io/bench': id } },
-          spec: {
-            namespace: nsOf(v.name),
-            maxBoxes: 10,
-            maxBoxesPerSession: 3,
-            box: { defaultImage: 'sandbox-bridge.local/box:dev', defaultCpu: `${Math.round(CPU * 1000)}m`, defaultMemory: `${MEMORY}Mi`, boxdDelivery: v.name, ...ON_NODE },
-            warm: { count: 0 },
-          },
+      await createPool(custom, {
+        name: poolOf(v.name),
+        labels: { 'sandbox-bridge.io/bench': id },
+        spec: {
+          namespace: nsOf(v.name),
+          maxBoxes: 10,
+          maxBoxesPerSession: 3,
+          box: { defaultImage: 'sandbox-bridge.local/box:dev', defaultCpu: `${Math.round(CPU * 1000)}m`, defaultMemory: `${MEMORY}Mi`, boxdDelivery: v.name, ...ON_NODE },
+          warm: { count: 0 },
         },
       });
       // The namespace and its NetworkPolicy (the operator's) in place before the first create.
@@ -281,7 +270,7 @@ async function main() {
     for (const stop of stopWatches) stop();
     log('cleaning up');
     for (const v of variants) {
-      await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: poolOf(v.name) }).catch(() => undefined);
+      await deletePool(custom, poolOf(v.name));
       await core.deleteNamespace({ name: nsOf(v.name) }).catch(() => undefined);
     }
     operator.kill('SIGTERM');

@@ -24,7 +24,7 @@ import type { BridgeClient } from '../client/index.js';
 import { deployGatewayOnRealNode, metricValue, type GatewayOnRealNode } from '../test/support/egress-gateway.js';
 import { BOX_TOOLS_IMAGE, TestHosts, importRealNodeImage, realNodeNetwork, testCertificates } from '../test/support/test-hosts.js';
 import { writeResults } from './results-file.js';
-import { ON_REAL_NODE, createBenchPool, ensureCluster, kubectl, percentile, startBenchBridge, startBenchOperator, stats, waitUntil } from './setup.js';
+import { createBenchPool, deletePool, ensureCluster, kubectl, ON_REAL_NODE, percentile, startBenchBridge, startBenchOperator, stats, waitUntil } from './setup.js';
 
 const ROOT = process.cwd();
 const ROUNDS = Number(process.env.BENCH_EGRESS_ROUNDS ?? 5);
@@ -88,7 +88,7 @@ async function main() {
     };
     for (const p of Object.values(pools)) {
       cleanups.push(async () => {
-        await custom.deleteClusterCustomObject({ group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools', name: p.name }).catch(() => undefined);
+        await deletePool(custom, p.name);
         await core.deleteNamespace({ name: p.ns }).catch(() => undefined);
       });
     }

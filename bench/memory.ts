@@ -15,9 +15,8 @@ import { readFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
-import { POOL_GROUP, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { writeResults } from './results-file.js';
-import { BOXD_IMAGE, ON_REAL_NODE, REAL_NODE_LABEL, createBenchPool, ensureCluster, freePort, percentile, startProgram, waitUntil } from './setup.js';
+import { BOXD_IMAGE, createBenchPool, deletePool, ensureCluster, freePort, ON_REAL_NODE, percentile, REAL_NODE_LABEL, startProgram, waitUntil } from './setup.js';
 
 const ROOT = process.cwd();
 const EXECS = Number(process.env.BENCH_MEMORY_EXECS ?? 20);
@@ -175,7 +174,7 @@ async function main() {
   } finally {
     bridge.kill('SIGTERM');
     log('cleaning up');
-    await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: pool }).catch(() => undefined);
+    await deletePool(custom, pool);
     await core.deleteNamespace({ name: ns }).catch(() => undefined);
   }
   report(rounds, budgetBytes);

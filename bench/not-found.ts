@@ -22,11 +22,10 @@ import { cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient } from '../client/index.js';
-import { POOL_GROUP, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { CountingProxy, calls, named, tally, toObject, verbResource } from './api-requests.js';
 import { startProgram, type Program } from './programs.js';
 import { writeResults } from './results-file.js';
-import { BOXD_IMAGE, createBenchPool, ensureCluster, objectStoreEnv, percentile } from './setup.js';
+import { BOXD_IMAGE, createBenchPool, deletePool, ensureCluster, objectStoreEnv, percentile } from './setup.js';
 
 const ROOT = process.cwd();
 const RUNS = Number(process.env.BENCH_404_RUNS ?? 3);
@@ -181,7 +180,7 @@ async function main(): Promise<void> {
     await Promise.all(programs.map((p) => p.stop()));
     await proxy.stop();
     log('cleaning up');
-    await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: pool }).catch(() => undefined);
+    await deletePool(custom, pool);
     await core.deleteNamespace({ name: ns }).catch(() => undefined);
   }
 }

@@ -16,7 +16,7 @@ import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
-import { clusterUp, createBenchPool, ensureCluster, kubectl as runKubectl } from './setup.js';
+import { clusterUp, createBenchPool, deletePool, ensureCluster, kubectl as runKubectl } from './setup.js';
 
 const ROOT = process.cwd();
 const BOXES = Number(process.env.BENCH_BOXES ?? 10_000);
@@ -212,7 +212,7 @@ async function main(): Promise<void> {
 
 
   log('cleaning up');
-  await custom.deleteClusterCustomObject({ group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools', name: poolName }).catch(() => undefined);
+  await deletePool(custom, poolName);
   await core.deleteNamespace({ name: ns }).catch(() => undefined);
   await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: leaseName, namespace: 'default' }).catch(() => undefined);
   await core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${poolName}` }).catch(() => undefined);

@@ -23,7 +23,7 @@ import { buildBoxSecret } from '../common/box-pod.js';
 import { ANNOTATIONS, LABELS, MANAGED_BY, SECRET_COMPONENTS } from '../common/labels.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { writeResults } from './results-file.js';
-import { createBenchPool, freePort, kubectl as runKubectl, waitUntil } from './setup.js';
+import { createBenchPool, deletePool, freePort, kubectl as runKubectl, waitUntil } from './setup.js';
 
 const ROOT = process.cwd();
 const BOXES = Number(process.env.BENCH_BOXES ?? 5000);
@@ -257,7 +257,7 @@ async function main(): Promise<void> {
     });
   } finally {
     log('cleaning up');
-    await custom.deleteClusterCustomObject({ group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools', name: poolName }).catch(() => undefined);
+    await deletePool(custom, poolName);
     await core.deleteNamespace({ name: ns }).catch(() => undefined);
     await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: leaseName, namespace: 'default' }).catch(() => undefined);
     await core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${poolName}` }).catch(() => undefined);

@@ -33,13 +33,12 @@ import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { BridgeClientError, type BridgeClient } from '../client/index.js';
 import { LABELS } from '../common/labels.js';
-import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { milliValue } from '../common/quantity.js';
 import { CountingProxy, calls, tally as tallyRequests } from './api-requests.js';
 import { ApiWindows, add, isWrite, toObject, total, type Counts } from './peers/api-metrics.js';
 import { AgentSandboxObjects, LAUNCH_TYPE_LABEL, buildAgentSandbox, installCrds, isReady, kubeExec, startController, templateSpec, uninstallCrds } from './peers/agent-sandbox.js';
 import { writeResults } from './results-file.js';
-import { REAL_NODE_LABEL, ensureCluster, kubectl, startBenchBridge, startBenchOperator, stats, waitUntil, warmBenchPoolSpec } from './setup.js';
+import { benchCluster, createPool, deletePool, installPoolCrd, REAL_NODE_LABEL, startBenchBridge, startBenchOperator, stats, waitUntil, warmBenchPoolSpec } from './setup.js';
 
 const ROOT = process.cwd();
 const KUBECONFIG = process.env.KUBECONFIG ?? join(ROOT, '.cluster/kubeconfig');
@@ -67,11 +66,7 @@ const theirsNs = `${pool}-theirs`;
 const token = randomBytes(24).toString('hex');
 const boxdKey = randomBytes(32).toString('hex');
 
-ensureCluster(ROOT, KUBECONFIG, []);
-const kc = new k8s.KubeConfig();
-kc.loadFromFile(KUBECONFIG);
-const core = kc.makeApiClient(k8s.CoreV1Api);
-const custom = kc.makeApiClient(k8s.CustomObjectsApi);
+const { kc, core, custom } = benchCluster(ROOT, KUBECONFIG);
 const log = (msg: string) => process.stderr.write(`[bench:peers] ${msg}\n`);
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 const load = () => loadavg().map((v) => v.toFixed(2)).join(' ');
@@ -355,8 +350,7 @@ async function main() {
     flags: '--extensions --leader-elect=false --enable-webhook=false, metrics and probes on loopback; the rest its defaults',
   };
   log(`agent-sandbox ${peer.version} from ${peer.dir}`);
-  kubectl(ROOT, KUBECONFIG, 'apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(ROOT, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
-  kubectl(ROOT, KUBECONFIG, 'wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
+  installPoolCrd(ROOT, KUBECONFIG);
   const crds = installCrds(ROOT, KUBECONFIG, peer.dir);
 
   const controllerLog = join(tmpdir(), `${pool}-agent-sandbox.log`);
@@ -372,17 +366,7 @@ async function main() {
   try {
     let ourProcs: ChildProcess[] = [await startBenchOperator(ROOT, KUBECONFIG, { pool, id, boxdKey })];
     children.push(...ourProcs);
-    await custom.createClusterCustomObject({
-      group: POOL_GROUP,
-      version: POOL_VERSION,
-      plural: POOL_PLURAL,
-      body: {
-        apiVersion: POOL_API_VERSION,
-        kind: POOL_KIND,
-        metadata: { name: pool, labels: { 'sandbox-bridge.io/bench': id } },
-        spec: warmBenchPoolSpec({ namespace: oursNs, warm: WARM, memoryMi: MEMORY_MI }),
-      },
-    });
+    await createPool(custom, { name: pool, labels: { 'sandbox-bridge.io/bench': id }, spec: warmBenchPoolSpec({ namespace: oursNs, warm: WARM, memoryMi: MEMORY_MI }) });
     const bridgeProcs = [];
     for (let i = 0; i < 2; i++) bridgeProcs.push(await startBenchBridge(ROOT, KUBECONFIG, { token, boxdKey, pool, namespace: oursNs }));
     ourProcs.push(...bridgeProcs.map((b) => b.child));
@@ -521,7 +505,7 @@ async function main() {
     log('cleaning up');
     stopping = true;
     for (const stop of stops) stop();
-    await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: pool }).catch(() => undefined);
+    await deletePool(custom, pool);
     await core.deleteNamespace({ name: oursNs }).catch(() => undefined);
     await objs.deleteAll();
     await core.deleteNamespace({ name: theirsNs }).catch(() => undefined);

@@ -24,10 +24,9 @@ import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient } from '../client/index.js';
 import { BOXD_NONCE_ANNOTATION, BOXD_PORT, boxdToken } from '../common/boxd.js';
-import { POOL_GROUP, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { startProgram, type Program } from './programs.js';
 import { writeResults } from './results-file.js';
-import { BOXD_IMAGE, ON_REAL_NODE, REAL_NODE_LABEL, createBenchPool, ensureCluster, percentile, waitUntil } from './setup.js';
+import { benchCluster, BOXD_IMAGE, createBenchPool, deletePool, ON_REAL_NODE, percentile, REAL_NODE_LABEL, waitUntil } from './setup.js';
 
 const ROOT = process.cwd();
 const ROUNDS = Number(process.env.BENCH_PORTS_ROUNDS ?? 10);
@@ -42,11 +41,7 @@ const ns = `${pool}-boxes`;
 const token = randomBytes(24).toString('hex');
 const boxdKey = randomBytes(32).toString('hex');
 
-ensureCluster(ROOT, KUBECONFIG, []);
-const kc = new k8s.KubeConfig();
-kc.loadFromFile(KUBECONFIG);
-const core = kc.makeApiClient(k8s.CoreV1Api);
-const custom = kc.makeApiClient(k8s.CustomObjectsApi);
+const { kc, core, custom } = benchCluster(ROOT, KUBECONFIG);
 const log = (msg: string) => process.stderr.write(`[bench:ports] ${msg}\n`);
 const load1 = () => Number(loadavg()[0]!.toFixed(2));
 
@@ -204,7 +199,7 @@ async function main() {
   } finally {
     await Promise.all([bridge?.stop(), operator?.stop()]);
     log('cleaning up');
-    await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: pool }).catch(() => undefined);
+    await deletePool(custom, pool);
     await core.deleteNamespace({ name: ns }).catch(() => undefined);
     await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: `${pool}-lease`, namespace: 'default' }).catch(() => undefined);
     rmSync(buildDir, { recursive: true, force: true });

@@ -6,7 +6,7 @@ import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
-import type * as k8s from '@kubernetes/client-node';
+import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient, type BridgeClient } from '../client/index.js';
 import { LABELS } from '../common/labels.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
@@ -34,21 +34,46 @@ export function ensureCluster(root: string, kubeconfig: string, args: string[]):
   if (ready.status !== 0) clusterUp(root, args);
 }
 
-export async function createBenchPool(
-  opts: { root: string; kubeconfig: string; core: k8s.CoreV1Api; custom: k8s.CustomObjectsApi },
-  // the spec as sent: the API server fills in the CRD's defaults
+/** The local cluster (started unless up) and the API clients a bench uses. */
+export function benchCluster(root: string, kubeconfig: string): { kc: k8s.KubeConfig; core: k8s.CoreV1Api; custom: k8s.CustomObjectsApi } {
+  ensureCluster(root, kubeconfig, []);
+  const kc = new k8s.KubeConfig();
+  kc.loadFromFile(kubeconfig);
+  return { kc, core: kc.makeApiClient(k8s.CoreV1Api), custom: kc.makeApiClient(k8s.CustomObjectsApi) };
+}
+
+/** The SandboxPool CRD as the chart ships it, applied and Established. */
+export function installPoolCrd(root: string, kubeconfig: string): void {
+  kubectl(root, kubeconfig, 'apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(root, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
+  kubectl(root, kubeconfig, 'wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
+}
+
+/** A SandboxPool (the spec as sent: the API server fills in the CRD's defaults). */
+export async function createPool(
+  custom: k8s.CustomObjectsApi,
   pool: { name: string; labels: Record<string, string>; spec: { namespace: string } & Record<string, unknown> },
 ): Promise<void> {
-  const run = (...args: string[]) => kubectl(opts.root, opts.kubeconfig, ...args);
-  run('apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(opts.root, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
-  run('wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
-  await opts.core.createNamespace({ body: { metadata: { name: pool.spec.namespace, labels: { 'pod-security.kubernetes.io/enforce': 'restricted' } } } });
-  await opts.custom.createClusterCustomObject({
+  await custom.createClusterCustomObject({
     group: POOL_GROUP,
     version: POOL_VERSION,
     plural: POOL_PLURAL,
     body: { apiVersion: POOL_API_VERSION, kind: POOL_KIND, metadata: { name: pool.name, labels: pool.labels }, spec: pool.spec },
   });
+}
+
+/** Deletes a SandboxPool, if there is one (a bench's clean-up: nothing to report). */
+export async function deletePool(custom: k8s.CustomObjectsApi, name: string): Promise<void> {
+  await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name }).catch(() => undefined);
+}
+
+/** The CRD, the pool's namespace made here (restricted Pod Security), and the pool. */
+export async function createBenchPool(
+  opts: { root: string; kubeconfig: string; core: k8s.CoreV1Api; custom: k8s.CustomObjectsApi },
+  pool: { name: string; labels: Record<string, string>; spec: { namespace: string } & Record<string, unknown> },
+): Promise<void> {
+  installPoolCrd(opts.root, opts.kubeconfig);
+  await opts.core.createNamespace({ body: { metadata: { name: pool.spec.namespace, labels: { 'pod-security.kubernetes.io/enforce': 'restricted' } } } });
+  await createPool(opts.custom, pool);
 }
 
 /** A TCP port free on loopback right now. */

@@ -33,7 +33,7 @@ import { POOL_GROUP, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { CountingProxy, calls, parsePath, tally, toObject, verbResource, type ApiRequest } from './api-requests.js';
 import { logEntries, metric, startProgram, type Program } from './programs.js';
 import { writeResults } from './results-file.js';
-import { BOXD_IMAGE, createBenchPool, ensureCluster, objectStoreEnv, waitUntil } from './setup.js';
+import { BOXD_IMAGE, createBenchPool, deletePool, ensureCluster, objectStoreEnv, waitUntil } from './setup.js';
 
 const ROOT = process.cwd();
 const BOXES = Number(process.env.BENCH_SWEEP_BOXES ?? 1000);
@@ -320,7 +320,7 @@ async function pass(replicas: number): Promise<Pass> {
 
 async function cleanup(): Promise<void> {
   log('cleaning up');
-  await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: pool }).catch(() => undefined);
+  await deletePool(custom, pool);
   await core.deleteNamespace({ name: ns }).catch(() => undefined);
   await waitUntil('the bench namespace to be gone', async () => {
     try {

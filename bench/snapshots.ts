@@ -34,7 +34,7 @@ import { createBridgeClient, type BridgeClient } from '../client/index.js';
 import { NODE_FLAGS } from '../common/node-flags.js';
 import { ObjectStore, ObjectStoreConfigSchema } from '../common/object-store.js';
 import { writeResults } from './results-file.js';
-import { BOXD_IMAGE, ON_REAL_NODE, REAL_NODE_LABEL, createBenchPool, ensureCluster, freePort, objectStoreEnv, percentile } from './setup.js';
+import { BOXD_IMAGE, createBenchPool, deletePool, ensureCluster, freePort, objectStoreEnv, ON_REAL_NODE, percentile, REAL_NODE_LABEL } from './setup.js';
 
 const ROOT = process.cwd();
 const MIB = Number(process.env.BENCH_SNAPSHOT_MIB ?? 200);
@@ -310,7 +310,7 @@ async function main() {
     for (const v of variants) {
       if (v.box) await v.client?.deleteBox(v.box).catch(() => undefined);
       v.child?.kill('SIGTERM');
-      await custom.deleteClusterCustomObject({ group: 'sandbox-bridge.io', version: 'v1alpha1', plural: 'sandboxpools', name: v.pool }).catch(() => undefined);
+      await deletePool(custom, v.pool);
       await core.deleteNamespace({ name: v.pool }).catch(() => undefined);
     }
     await removeObjects().catch((err: unknown) => log(`could not remove the bench's objects: ${String(err)}`));

@@ -39,7 +39,7 @@ import { POOL_GROUP, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { CountingProxy, calls, named, verbResource } from './api-requests.js';
 import { metric, startProgram, type Program } from './programs.js';
 import { writeResults } from './results-file.js';
-import { BOXD_IMAGE, ON_REAL_NODE, REAL_NODE_LABEL, createBenchPool, ensureCluster, objectStoreEnv, percentile, waitUntil, warmReady } from './setup.js';
+import { BOXD_IMAGE, createBenchPool, deletePool, ensureCluster, objectStoreEnv, ON_REAL_NODE, percentile, REAL_NODE_LABEL, waitUntil, warmReady } from './setup.js';
 
 const ROOT = process.cwd();
 const SIZES = (process.env.BENCH_WAKE_MIB ?? '10,100').split(',').map(Number);
@@ -232,7 +232,7 @@ async function main() {
     await proxy.stop();
     log('cleaning up');
     for (const v of variants) {
-      await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: v.pool }).catch(() => undefined);
+      await deletePool(custom, v.pool);
       await core.deleteNamespace({ name: v.ns }).catch(() => undefined);
       await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: `${v.pool}-lease`, namespace: 'default' }).catch(() => undefined);
       await core.deleteCollectionNamespacedEvent({ namespace: 'default', fieldSelector: `involvedObject.name=${v.pool}` }).catch(() => undefined);

@@ -28,22 +28,10 @@ import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import type { BridgeClient } from '../client/index.js';
 import { LABELS } from '../common/labels.js';
-import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
+import { POOL_GROUP, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 import { CountingProxy, calls, parsePath, tally, toObject, type ApiRequest } from './api-requests.js';
 import { writeResults } from './results-file.js';
-import {
-  REAL_NODE_LABEL,
-  createAndExec,
-  ensureCluster,
-  kubectl,
-  percentile,
-  startBenchBridge,
-  startBenchOperator,
-  stats,
-  waitUntil,
-  warmBenchPoolSpec,
-  warmReady as warmReadyIn,
-} from './setup.js';
+import { benchCluster, createAndExec, createPool, deletePool, installPoolCrd, percentile, REAL_NODE_LABEL, startBenchBridge, startBenchOperator, stats, waitUntil, warmBenchPoolSpec, warmReady as warmReadyIn } from './setup.js';
 
 const ROOT = process.cwd();
 const WARM = Number(process.env.BENCH_WARM ?? 20);
@@ -63,11 +51,7 @@ const WARM_MEMORY = 48;
 const OTHER_MEMORY = 49;
 const WRITE_METHODS = new Set(['POST', 'PUT', 'PATCH', 'DELETE']);
 
-ensureCluster(ROOT, KUBECONFIG, []);
-const kc = new k8s.KubeConfig();
-kc.loadFromFile(KUBECONFIG);
-const core = kc.makeApiClient(k8s.CoreV1Api);
-const custom = kc.makeApiClient(k8s.CustomObjectsApi);
+const { kc, core, custom } = benchCluster(ROOT, KUBECONFIG);
 const log = (msg: string) => process.stderr.write(`[bench:warm] ${msg}\n`);
 const ms = (v: number) => `${v.toFixed(0)} ms`;
 const load = () => loadavg()[0]!;
@@ -125,16 +109,10 @@ async function startSide(name: Side['name'], root: string): Promise<Side> {
   const operatorProxy = new CountingProxy(kc);
   await operatorProxy.start();
   const operator = await startBenchOperator(root, operatorProxy.kubeconfigFile(), { pool, id: `${id}-${name}`, boxdKey });
-  await custom.createClusterCustomObject({
-    group: POOL_GROUP,
-    version: POOL_VERSION,
-    plural: POOL_PLURAL,
-    body: {
-      apiVersion: POOL_API_VERSION,
-      kind: POOL_KIND,
-      metadata: { name: pool, labels: { 'sandbox-bridge.io/bench': `${id}-${name}` } },
-      spec: { ...warmBenchPoolSpec({ namespace: ns, warm: WARM, memoryMi: WARM_MEMORY }), allowedImages: [COLD_IMAGE], warm: { count: 0 } },
-    },
+  await createPool(custom, {
+    name: pool,
+    labels: { 'sandbox-bridge.io/bench': `${id}-${name}` },
+    spec: { ...warmBenchPoolSpec({ namespace: ns, warm: WARM, memoryMi: WARM_MEMORY }), allowedImages: [COLD_IMAGE], warm: { count: 0 } },
   });
   const options = { token, boxdKey, pool, namespace: ns };
   const replicas = [await startBenchBridge(root, KUBECONFIG, options), await startBenchBridge(root, KUBECONFIG, options)];
@@ -329,8 +307,7 @@ async function main() {
     log('no real node: skipped');
     return;
   }
-  kubectl(ROOT, KUBECONFIG, 'apply', '--server-side', '--force-conflicts', '--field-manager=sandbox-bridge-bench', '-f', join(ROOT, 'charts/sandbox-bridge/crds/sandboxpools.sandbox-bridge.io.yaml'));
-  kubectl(ROOT, KUBECONFIG, 'wait', '--for=condition=Established', 'crd/sandboxpools.sandbox-bridge.io', '--timeout=30s');
+  installPoolCrd(ROOT, KUBECONFIG);
   const sides: Side[] = [];
   try {
     if (BASELINE_ROOT) sides.push(await startSide('baseline', BASELINE_ROOT));
@@ -348,7 +325,7 @@ async function main() {
     log('cleaning up');
     for (const s of sides) {
       for (const r of [...s.replicas, s.counter]) r.child.kill('SIGTERM');
-      await custom.deleteClusterCustomObject({ group: POOL_GROUP, version: POOL_VERSION, plural: POOL_PLURAL, name: s.pool }).catch(() => undefined);
+      await deletePool(custom, s.pool);
       await core.deleteNamespace({ name: s.ns }).catch(() => undefined);
       await kc.makeApiClient(k8s.CoordinationV1Api).deleteNamespacedLease({ name: `${s.pool}-lease`, namespace: 'default' }).catch(() => undefined);
       s.operator.kill('SIGTERM');
