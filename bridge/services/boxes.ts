@@ -30,15 +30,13 @@ import type { PolicySource } from '../kube/policy.js';
 import { BOX_ID, type CreateBoxRequest } from '../schemas.js';
 import { Expiring, WarmClaims, type ClaimSource, type MissReason } from './warm-claims.js';
 import { warmChoices } from '../../common/warm-shapes.js';
-import { seatOf } from '../../common/seats.js';
+import { takeSeat, type GiveUp } from './seat-taking.js';
 
 const MiB = 1024 * 1024;
 /** An Idempotency-Key names the same box for this long (DESIGN.md). */
 const IDEMPOTENCY_WINDOW_MS = 24 * 3600 * 1000;
 /** Deletes this replica sent recently, by pod UID (a sleeping box: its record's UID): answered 404 before the watch shows them. */
 const RECENT_DELETES = 10_000;
-/** Seat takes retried while a seat or two are held by what the watches do not show (150 ms doubling: ~1 s). */
-const SEAT_RETRIES = 3;
 /** Creates retried while the quota controller counts out pods that are gone (150 ms doubling: ~9.5 s). */
 const QUOTA_RETRIES = 6;
 /**
@@ -223,45 +221,35 @@ export class BoxService {
     };
   }
 
-  /**
-   * A seat of the pool for a new pod (bridge/kube/box-seats.ts). Warm pods hold seats too: when
-   * every seat is held, an unclaimed warm pod is given up (deleted, guarded by its version, so a
-   * concurrent claim wins) and its seat becomes the record's. 429 when none is left (after a short
-   * wait while some seat is held by what the watches do not show).
-   */
+  /** A seat of the pool for a new pod (seat-taking.ts); 429 when the pool is full. */
   private async takeSeat(spec: SandboxPoolSpec, record: { name: string; uid: string }): Promise<number> {
     const { poolName } = this.deps.policy;
-    for (let attempt = 0; ; attempt++) {
-      const seat = await this.deps.seats.take(poolName, spec.maxBoxes, this.heldSeats(), record);
-      if (seat !== undefined) return seat;
-      for (const spare of this.deps.cache.spares(poolName, warmTemplateHash(spec, this.deps.boxdImage)).slice(0, 3)) {
-        const n = seatOf(spare);
-        if (n === undefined || !(await this.giveUp(spare))) continue;
-        if (await this.deps.seats.adoptWarm(n, spare.metadata!.name!, record)) return n;
-        const again = await this.deps.seats.take(poolName, spec.maxBoxes, this.heldSeats(), record);
-        if (again !== undefined) return again;
-      }
-      // Every seat taken, one or two by what this replica's watches do not show: the seat of a
-      // warm pod let go a moment ago (the operator frees it right after the pod), of a box just
-      // deleted (garbage collection). Such seats come free within moments: a short wait. (Many
-      // unseen holders are creates in flight through other replicas: the pool is full, 429.)
-      const unseen = spec.maxBoxes - this.heldSeats().size;
-      if (attempt >= SEAT_RETRIES || unseen <= 0 || unseen > 2) break;
-      await new Promise((resolve) => setTimeout(resolve, 150 * 2 ** attempt));
-    }
-    throw quotaExceeded(`the pool is at its limit of ${spec.maxBoxes} boxes`);
+    const seat = await takeSeat(
+      {
+        held: () => this.heldSeats(),
+        take: (held) => this.deps.seats.take(poolName, spec.maxBoxes, held, record),
+        spares: () => this.deps.cache.spares(poolName, warmTemplateHash(spec, this.deps.boxdImage)),
+        giveUp: (pod) => this.giveUp(pod),
+        adoptWarm: (n, podName) => this.deps.seats.adoptWarm(n, podName, record),
+        sleep: (ms) => new Promise((resolve) => setTimeout(resolve, ms)),
+      },
+      spec.maxBoxes,
+    );
+    if (seat === undefined) throw quotaExceeded(`the pool is at its limit of ${spec.maxBoxes} boxes`);
+    return seat;
   }
 
-  /** Deletes an unclaimed warm pod as this replica saw it; false when it changed meanwhile (claimed, say). */
-  private async giveUp(pod: k8s.V1Pod): Promise<boolean> {
+  /** Deletes an unclaimed warm pod as this replica saw it (guarded by its version, so a concurrent claim wins). */
+  private async giveUp(pod: k8s.V1Pod): Promise<GiveUp> {
     const { name, uid, resourceVersion } = pod.metadata!;
     try {
       await this.deps.call('give up warm pod', () =>
         this.deps.core.deleteNamespacedPod({ name: name!, namespace: this.deps.namespace, body: { gracePeriodSeconds: 0, preconditions: { uid: uid!, resourceVersion: resourceVersion! } } }),
       );
-      return true;
+      return 'deleted';
     } catch (err) {
-      if (err instanceof BridgeError && (err.type === 'conflict' || err.type === 'not_found')) return false;
+      if (err instanceof BridgeError && err.type === 'conflict') return 'changed';
+      if (err instanceof BridgeError && err.type === 'not_found') return 'gone';
       throw err;
     }
   }

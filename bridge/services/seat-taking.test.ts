@@ -1,0 +1,81 @@
+import type * as k8s from '@kubernetes/client-node';
+import { LABELS } from '../../common/labels.js';
+import { SEAT_RETRIES, takeSeat, type GiveUp, type SeatIo } from './seat-taking.js';
+
+const warm = (name: string, seat: number): k8s.V1Pod => ({ metadata: { name, labels: { [LABELS.seat]: String(seat) } } });
+
+/** A pool of `max` seats as the API server holds them, and a cache that may show pods already gone. */
+function pool(max: number, o: { apiSeats: Map<number, string>; cachePods: k8s.V1Pod[]; giveUp: (pod: k8s.V1Pod) => GiveUp }) {
+  const sleeps: number[] = [];
+  const io: SeatIo = {
+    held: () => new Set(o.cachePods.map((p) => Number(p.metadata!.labels![LABELS.seat]))),
+    take: async (held) => {
+      for (let n = 0; n < max; n++) {
+        if (held.has(n) || o.apiSeats.has(n)) continue;
+        o.apiSeats.set(n, 'record');
+        return n;
+      }
+      return undefined;
+    },
+    spares: () => o.cachePods.filter((p) => p.metadata!.name!.startsWith('warm-')),
+    giveUp: async (pod) => o.giveUp(pod),
+    adoptWarm: async (n, podName) => {
+      if (o.apiSeats.get(n) !== podName) return false;
+      o.apiSeats.set(n, 'record');
+      return true;
+    },
+    sleep: async (ms) => void sleeps.push(ms),
+  };
+  return { io, sleeps };
+}
+
+describe('takeSeat', () => {
+  test('a free seat is taken without giving up any warm pod', async () => {
+    const gaveUp: string[] = [];
+    const { io } = pool(3, { apiSeats: new Map([[0, 'box-a']]), cachePods: [warm('box-a', 0), warm('warm-1', 1)], giveUp: (p) => (gaveUp.push(p.metadata!.name!), 'deleted') });
+    expect(await takeSeat(io, 3)).toBe(2);
+    expect(gaveUp).toEqual([]);
+  });
+
+  test('a full pool gives up an unclaimed warm pod and adopts its seat', async () => {
+    const apiSeats = new Map([[0, 'box-a'], [1, 'warm-1']]);
+    const { io } = pool(2, { apiSeats, cachePods: [warm('box-a', 0), warm('warm-1', 1)], giveUp: () => 'deleted' });
+    expect(await takeSeat(io, 2)).toBe(1);
+    expect(apiSeats.get(1)).toBe('record');
+  });
+
+  test('a warm pod the operator shrank away, still in the cache, has its freed seat taken', async () => {
+    // The operator deleted warm-1 and its seat; this replica's watch has not shown that yet.
+    const apiSeats = new Map([[0, 'box-a']]);
+    const { io, sleeps } = pool(2, { apiSeats, cachePods: [warm('box-a', 0), warm('warm-1', 1)], giveUp: () => 'gone' });
+    expect(await takeSeat(io, 2)).toBe(1);
+    expect(sleeps).toEqual([]);
+  });
+
+  test('its seat not freed yet: waited for, then taken', async () => {
+    const apiSeats = new Map([[0, 'box-a'], [1, 'old-owner']]);
+    const { io, sleeps } = pool(2, { apiSeats, cachePods: [warm('box-a', 0), warm('warm-1', 1)], giveUp: () => 'gone' });
+    const freed = io.sleep;
+    io.sleep = async (ms) => {
+      await freed(ms);
+      apiSeats.delete(1); // the reaper frees it
+    };
+    expect(await takeSeat(io, 2)).toBe(1);
+    expect(sleeps).toEqual([150]);
+  });
+
+  test('a pool full of boxes answers undefined at once; a claimed warm pod is never taken', async () => {
+    const apiSeats = new Map([[0, 'box-a'], [1, 'warm-1']]);
+    const { io, sleeps } = pool(2, { apiSeats, cachePods: [warm('box-a', 0), warm('warm-1', 1)], giveUp: () => 'changed' });
+    expect(await takeSeat(io, 2)).toBeUndefined();
+    expect(apiSeats.get(1)).toBe('warm-1');
+    expect(sleeps).toEqual([]);
+  });
+
+  test('a seat held by what the cache does not show is waited for a bounded time', async () => {
+    const apiSeats = new Map([[0, 'box-a'], [1, 'unseen']]);
+    const { io, sleeps } = pool(2, { apiSeats, cachePods: [warm('box-a', 0)], giveUp: () => 'deleted' });
+    expect(await takeSeat(io, 2)).toBeUndefined();
+    expect(sleeps).toHaveLength(SEAT_RETRIES);
+  });
+});

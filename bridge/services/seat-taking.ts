@@ -1,0 +1,68 @@
+// How a create gets a seat of the pool (bridge/kube/box-seats.ts, common/seats.ts) when it needs a
+// new pod. Warm pods hold seats too: when every seat is held, an unclaimed warm pod is given up
+// and its seat becomes the record's. What this replica's watch shows lags the API server, so
+// some seats it counts as held are coming free: a warm pod the operator just shrank away (gone
+// from the API server, still in the cache), a box just deleted (its seat goes by garbage
+// collection). Those are waited for briefly; a pool really full answers 429 at once.
+import type * as k8s from '@kubernetes/client-node';
+import { seatOf } from '../../common/seats.js';
+
+/** Seat takes retried while a seat or two are coming free (150 ms doubling: ~2.3 s). */
+export const SEAT_RETRIES = 4;
+/** Unclaimed warm pods given up per round. */
+const SPARES_PER_ROUND = 3;
+
+/** What giving up a warm pod did: deleted it; found it changed (claimed, say); found it gone already. */
+export type GiveUp = 'deleted' | 'changed' | 'gone';
+
+export interface SeatIo {
+  /** Seats held as this replica's watches show them (pods, sleeping boxes). */
+  held(): Set<number>;
+  /** Takes a free seat, not trying `held`; undefined when those tried were taken. */
+  take(held: ReadonlySet<number>): Promise<number | undefined>;
+  /** Unclaimed warm pods of the pool as the cache shows them, best to give up first. */
+  spares(): k8s.V1Pod[];
+  giveUp(pod: k8s.V1Pod): Promise<GiveUp>;
+  /** Makes warm seat n (that pod's) the record's; false when it is not (freed, or another pod's). */
+  adoptWarm(n: number, podName: string): Promise<boolean>;
+  sleep(ms: number): Promise<void>;
+}
+
+/** A seat for the record, or undefined when the pool is full. */
+export async function takeSeat(io: SeatIo, maxBoxes: number): Promise<number | undefined> {
+  // Warm pods found gone while the cache still shows them: their seats are free, or freed within
+  // moments (the operator frees a seat right after the pod it shrank away; the reaper otherwise).
+  const goneSeats = new Set<number>();
+  const goneNames = new Set<string>();
+  const held = () => {
+    const seats = io.held();
+    for (const n of goneSeats) seats.delete(n);
+    return seats;
+  };
+  for (let attempt = 0; ; attempt++) {
+    const seat = await io.take(held());
+    if (seat !== undefined) return seat;
+    const spares = io.spares().filter((p) => !goneNames.has(p.metadata!.name!));
+    for (const spare of spares.slice(0, SPARES_PER_ROUND)) {
+      const n = seatOf(spare);
+      if (n === undefined) continue;
+      const name = spare.metadata!.name!;
+      const outcome = await io.giveUp(spare);
+      if (outcome === 'changed') continue;
+      if (outcome === 'gone') {
+        goneSeats.add(n);
+        goneNames.add(name);
+      }
+      // Its pod deleted, or gone: no box can be served by it, so its seat may become the record's.
+      if (await io.adoptWarm(n, name)) return n;
+      const again = await io.take(held());
+      if (again !== undefined) return again;
+    }
+    // Every seat taken, one or two by what is coming free (above) or by what the watches do not
+    // show yet. Many unseen holders are creates in flight through other replicas: the pool is
+    // full, and waiting would not help.
+    const unseen = maxBoxes - held().size;
+    if (attempt >= SEAT_RETRIES || unseen <= 0 || unseen > 2) return undefined;
+    await io.sleep(150 * 2 ** attempt);
+  }
+}
