@@ -7,11 +7,14 @@
 // On the local cluster's real node, no warm boxes (every create is a new pod), one pool and one
 // bridge per variant (each its own process), creates alternating between the variants, one box
 // at a time; each box is deleted and gone before the next create, so no pod start or stop races
-// a measured one on the 2 cores. Variants (the pool's spec.box.boxdDelivery):
+// a measured one on the 2 cores. Variants (the pool's spec.box.boxdDelivery, and where the
+// bridge finds the new pod's address, its POD_IP_ANNOTATION):
 // - `InitContainer`: boxd copied into an emptyDir by an init container (the default);
 // - `ImageVolume`: boxd's image mounted as an image volume (Kubernetes 1.35 image volumes, which
 //   need containerd >= 2.1 on the node): run only when the node's runtime has them (else
-//   reported as not run, with the runtime's version).
+//   reported as not run, with the runtime's version);
+// each with the address from the kubelet's status.podIP only, and, where it can matter (the
+// image volume), also from the annotation Calico's CNI plugin writes (`+ CNI address`).
 // Where the time goes, per create, in milliseconds from the node's own logs (kubelet's klog and
 // containerd's timestamps, .cluster/real-node/logs/), this process's clock for the rest:
 //   create sent -> the kubelet's SyncLoop ADD (bridge writes, scheduler, the kubelet's watch)
@@ -44,7 +47,8 @@ const ON_NODE = {
   tolerations: [{ key: NODE_KEY, operator: 'Exists', effect: 'NoSchedule' }],
 };
 const id = randomBytes(3).toString('hex');
-const poolOf = (v: Variant['name']) => `bench-cold-${id}-${v === 'InitContainer' ? 'init' : 'image'}`;
+const CALICO_POD_IP = 'cni.projectcalico.org/podIP';
+const poolOf = (v: Variant['name']) => `bench-cold-${id}-${VARIANTS.find((x) => x.name === v)!.key}`;
 const nsOf = (v: Variant['name']) => `${poolOf(v)}-boxes`;
 const token = randomBytes(24).toString('hex');
 const boxdKey = randomBytes(32).toString('hex');
@@ -56,8 +60,18 @@ const stopWatches: Array<() => void> = [];
 const ms = (v: number) => (Number.isFinite(v) ? `${v.toFixed(0)} ms` : '-');
 
 interface Variant {
-  name: BoxdDelivery;
+  name: 'InitContainer' | 'ImageVolume' | 'ImageVolume + CNI address';
+  key: string;
+  delivery: BoxdDelivery;
+  /** The bridge's POD_IP_ANNOTATION ('' : status.podIP only). */
+  podIpAnnotation: string;
 }
+
+const VARIANTS: Variant[] = [
+  { name: 'InitContainer', key: 'init', delivery: 'InitContainer', podIpAnnotation: '' },
+  { name: 'ImageVolume', key: 'image', delivery: 'ImageVolume', podIpAnnotation: '' },
+  { name: 'ImageVolume + CNI address', key: 'image-cni', delivery: 'ImageVolume', podIpAnnotation: CALICO_POD_IP },
+];
 
 /** One create, as the bench and the node's logs saw it (epoch ms). */
 interface Sample {
@@ -216,9 +230,9 @@ async function main() {
     return;
   }
   const runtime = await nodeRuntime();
-  const variants: Variant[] = [{ name: 'InitContainer' }];
-  if (hasImageVolumes(runtime)) variants.push({ name: 'ImageVolume' });
-  else log(`the node runs ${runtime}: no image volumes (containerd >= 2.1), ImageVolume not run`);
+  const imageVolumes = hasImageVolumes(runtime);
+  const variants = VARIANTS.filter((v) => v.delivery === 'InitContainer' || imageVolumes);
+  if (!imageVolumes) log(`the node runs ${runtime}: no image volumes (containerd >= 2.1), ImageVolume not run`);
 
   installPoolCrd(ROOT, KUBECONFIG);
   const operator = await startBenchOperator(ROOT, KUBECONFIG, { pool: `bench-cold-${id}`, id, boxdKey });
@@ -234,7 +248,7 @@ async function main() {
           namespace: nsOf(v.name),
           maxBoxes: 10,
           maxBoxesPerSession: 3,
-          box: { defaultImage: 'sandbox-bridge.local/box:dev', defaultCpu: `${Math.round(CPU * 1000)}m`, defaultMemory: `${MEMORY}Mi`, boxdDelivery: v.name, ...ON_NODE },
+          box: { defaultImage: 'sandbox-bridge.local/box:dev', defaultCpu: `${Math.round(CPU * 1000)}m`, defaultMemory: `${MEMORY}Mi`, boxdDelivery: v.delivery, ...ON_NODE },
           warm: { count: 0 },
         },
       });
@@ -247,7 +261,7 @@ async function main() {
     for (const v of variants) stopWatches.push(watchIps(nsOf(v.name), ipsSeen));
     const clients: BridgeClient[] = [];
     for (const v of variants) {
-      const b = await startBenchBridge(ROOT, KUBECONFIG, { token, boxdKey, pool: poolOf(v.name), namespace: nsOf(v.name) });
+      const b = await startBenchBridge(ROOT, KUBECONFIG, { token, boxdKey, pool: poolOf(v.name), namespace: nsOf(v.name), env: { POD_IP_ANNOTATION: v.podIpAnnotation } });
       bridges.push(b.child);
       clients.push(b.client);
     }
@@ -305,7 +319,7 @@ async function main() {
   ].join('\n');
   const md =
     `# Cold start bench\n\n${results.date} — ${results.cores} cores, Node ${results.node}; \`npm run bench:cold\`; ` +
-    `boxes of ${Math.round(CPU * 1000)}m / ${MEMORY}Mi on the node labelled ${NODE_KEY} (${runtime}, runc), no warm boxes, one pool (spec.box.boxdDelivery) and bridge per variant, ` +
+    `boxes of ${Math.round(CPU * 1000)}m / ${MEMORY}Mi on the node labelled ${NODE_KEY} (${runtime}, runc), no warm boxes, one pool (spec.box.boxdDelivery) and bridge (POD_IP_ANNOTATION: "+ CNI address" takes Calico's) per variant, ` +
     `creates alternating between variants, one box at a time (each deleted and gone before the next); n=${N} per variant. ` +
     `Phases from the kubelet's and containerd's logs; errors: ${errors.length}.\n\n${table}\n`;
   writeResults(ROOT, 'cold-start', md, results);

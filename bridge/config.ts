@@ -46,6 +46,12 @@ export const ConfigSchema = z
     EGRESS_KEY_FILE: z.string().min(1).optional(),
     /** Image whose /boxd the box's init container installs (the Dockerfile's `boxd` target). */
     BOXD_IMAGE: z.string().min(1, 'must name the boxd image'),
+    /**
+     * The pod annotation a CNI plugin writes a new pod's address into before the kubelet reports
+     * it (Calico's; services/box-connector.ts podAddress): a new box answers up to a second
+     * sooner. Empty: status.podIP only.
+     */
+    POD_IP_ANNOTATION: z.string().default('cni.projectcalico.org/podIP'),
     /** A new connection to a box's agent taking longer than this counts as unreachable. */
     BOXD_CONNECT_TIMEOUT_MS: int(2000, 100),
     /**

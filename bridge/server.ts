@@ -202,6 +202,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     key,
     namespace,
     startTimeoutMs: config.BOX_START_TIMEOUT_MS,
+    podIpAnnotation: config.POD_IP_ANNOTATION || undefined,
     log,
     onWoken: (path, outcome, seconds) => {
       metrics.wakes.inc({ path, outcome });

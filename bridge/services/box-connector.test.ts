@@ -1,4 +1,5 @@
-import { deletedStep, goneStep, podlessStep } from './box-connector.js';
+import type { V1Pod } from '@kubernetes/client-node';
+import { deletedStep, goneStep, podAddress, podlessStep } from './box-connector.js';
 
 describe('a call to a box without a pod (docs/lifecycle.md)', () => {
   test('Sleeping -> Waking only for a call that may wake it (boxes:write)', () => {
@@ -43,5 +44,28 @@ describe('a call whose pod was deleted while it ran (test/chaos/)', () => {
     expect(deletedStep(undefined, false, false)).toBe('fail');
     expect(deletedStep('asleep', false, false)).toBe('fail');
     expect(deletedStep(undefined, true, false)).toBe('fail');
+  });
+});
+
+describe('where a box is reached (podAddress)', () => {
+  const CALICO = 'cni.projectcalico.org/podIP';
+  const pod = (podIP: string | undefined, annotation?: string, phase = 'Pending'): V1Pod => ({
+    metadata: { name: 'box-a', annotations: annotation === undefined ? {} : { [CALICO]: annotation } },
+    status: { phase, ...(podIP ? { podIP } : {}) },
+  });
+  test('status.podIP when the kubelet reported it, whatever the annotation says', () => {
+    expect(podAddress(pod('10.244.0.7', '10.244.0.9/32'), CALICO)).toBe('10.244.0.7');
+  });
+  test('before that, the address the CNI plugin annotated (its prefix length dropped; IPv6 too)', () => {
+    expect(podAddress(pod(undefined, '10.244.0.9/32'), CALICO)).toBe('10.244.0.9');
+    expect(podAddress(pod(undefined, 'fd00::9/128'), CALICO)).toBe('fd00::9');
+    expect(podAddress(pod(undefined, '10.244.0.9'), CALICO)).toBe('10.244.0.9');
+  });
+  test('nothing without the setting, without the annotation, from a bad value, or from a pod that ended', () => {
+    expect(podAddress(pod(undefined, '10.244.0.9/32'))).toBeUndefined();
+    expect(podAddress(pod(undefined), CALICO)).toBeUndefined();
+    expect(podAddress(pod(undefined, 'box-b.example/32'), CALICO)).toBeUndefined();
+    expect(podAddress(pod(undefined, ''), CALICO)).toBeUndefined();
+    expect(podAddress(pod(undefined, '10.244.0.9/32', 'Failed'), CALICO)).toBeUndefined();
   });
 });

@@ -5,6 +5,7 @@
 // signal that fires when the box's pod is deleted meanwhile, so nothing hangs on a box that is gone.
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomBytes } from 'node:crypto';
+import { isIP } from 'node:net';
 import { hostname } from 'node:os';
 import * as k8s from '@kubernetes/client-node';
 import type { Logger } from 'pino';
@@ -46,6 +47,12 @@ export interface BoxConnectorDeps {
   namespace: string;
   /** How long a call waits for a new box to start. */
   startTimeoutMs: number;
+  /**
+   * A pod annotation the CNI plugin writes the pod's address into as soon as it has one (Calico:
+   * cni.projectcalico.org/podIP), used while the kubelet has not reported status.podIP yet;
+   * undefined: status.podIP only. See podAddress.
+   */
+  podIpAnnotation?: string;
   log: Logger;
   onWoken?: (path: CreatePath | 'none', outcome: 'ok' | 'error' | 'failed', seconds: number) => void;
   onFenced?: (outcome: 'aborted' | 'slept' | 'taken_over') => void;
@@ -196,7 +203,7 @@ export class BoxConnector {
       cached = { nonce, token: boxdToken(this.deps.key, this.deps.namespace, name, nonce) };
       remember(this.tokens, name, cached);
     }
-    return { box: name, ip: pod.status?.podIP ?? '', token: cached.token };
+    return { box: name, ip: podAddress(pod, this.deps.podIpAnnotation) ?? '', token: cached.token };
   }
 
   /** The live pod once its boxd answers; fast when this replica has seen it answer before. */
@@ -207,7 +214,7 @@ export class BoxConnector {
     // The cache may still show the pod of that name from before (a box woken into a new pod).
     const cached = seen?.metadata?.uid === uid ? seen : pod;
     const answered = this.ready.get(name);
-    if (!lost && answered?.metadata?.uid === uid) return seen?.metadata?.uid === uid && seen.status?.podIP ? seen : answered;
+    if (!lost && answered?.metadata?.uid === uid) return seen?.metadata?.uid === uid && this.address(seen) ? seen : answered;
     if (!lost && cached.status?.podIP && this.deps.boxes.answering(cached)) return cached;
 
     const deadline = performance.now() + (lost ? LOST_BOX_WAIT_MS : this.deps.startTimeoutMs);
@@ -216,7 +223,7 @@ export class BoxConnector {
       const remaining = deadline - performance.now();
       if (remaining <= 0) {
         const latest = this.deps.cache.pod(name);
-        if (lost || latest?.status?.podIP) {
+        if (lost || (latest && this.address(latest))) {
           throw new BridgeError('cluster_unavailable', `box ${name} does not answer (its agent is not reachable)`, {
             headers: { 'Retry-After': '5' },
             cause: new BoxdUnreachableError(name, 'timeout'),
@@ -238,7 +245,7 @@ export class BoxConnector {
   }
 
   /**
-   * The pod once it has an IP: from this replica's watch, and, when the watch has not shown it
+   * The pod once it has an address (podAddress): from this replica's watch, and, when the watch has not shown it
    * within WATCH_GRACE_MS (a lagging watch), from the API server every POLL_API_MS as well.
    */
   private async waitForIp(name: string, uid: string, timeoutMs: number, signal: AbortSignal): Promise<k8s.V1Pod> {
@@ -246,7 +253,7 @@ export class BoxConnector {
     for (let first = true; ; first = false) {
       const remaining = deadline - performance.now();
       try {
-        return await this.deps.cache.waitUntil(name, (p) => Boolean(p.status?.podIP), Math.max(1, Math.min(remaining, first ? WATCH_GRACE_MS : POLL_API_MS)), uid);
+        return await this.deps.cache.waitUntil(name, (p) => this.address(p) !== undefined, Math.max(1, Math.min(remaining, first ? WATCH_GRACE_MS : POLL_API_MS)), uid);
       } catch (err) {
         if (err instanceof BoxGoneError) {
           // Ended by itself is final; deleted (its box, or a sleep) is for the caller to find out.
@@ -260,8 +267,12 @@ export class BoxConnector {
       if (!pod || pod.metadata?.uid !== uid || pod.metadata?.deletionTimestamp) throw new PodGone(`box ${name} not found`);
       trimPod(pod); // kept as the pod seen answering: as small as the cache's
       if (pod.status?.phase === 'Succeeded' || pod.status?.phase === 'Failed') throw new BridgeError('conflict', `box ${name} has ended (${pod.status.phase}); create a new box`);
-      if (pod.status?.podIP) return pod;
+      if (this.address(pod)) return pod;
     }
+  }
+
+  private address(pod: k8s.V1Pod): string | undefined {
+    return podAddress(pod, this.deps.podIpAnnotation);
   }
 
   private async readPod(name: string): Promise<k8s.V1Pod | undefined> {
@@ -659,4 +670,19 @@ function delay(ms: number, signal?: AbortSignal): Promise<void> {
     };
     signal?.addEventListener('abort', onAbort, { once: true });
   });
+}
+
+/**
+ * Where the box's boxd is reached: status.podIP, or, before the kubelet reports it, the address
+ * the CNI plugin annotated the pod with. The kubelet reports a new pod's IP only after its next
+ * PLEG relist (once a second), while the CNI plugin knows it as the sandbox is made: with boxd
+ * from an image volume the box's container is up well before that report (bench/results/
+ * cold-start.md). Only an address is taken from it (Calico writes "10.0.0.5/32"), and only until
+ * the kubelet reports one; it is as trustworthy as whoever may patch box pods (docs/security.md).
+ */
+export function podAddress(pod: k8s.V1Pod, annotation?: string): string | undefined {
+  if (pod.status?.podIP) return pod.status.podIP;
+  if (!annotation || pod.status?.phase === 'Succeeded' || pod.status?.phase === 'Failed') return undefined;
+  const raw = pod.metadata?.annotations?.[annotation]?.split(',')[0]?.trim().replace(/\/\d{1,3}$/, '');
+  return raw && isIP(raw) ? raw : undefined;
 }
