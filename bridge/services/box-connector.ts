@@ -538,14 +538,21 @@ export class BoxConnector {
     );
   }
 
-  /** Removes the restoring mark of the pod this wake made (that pod only: its UID guards the patch). */
+  /**
+   * Removes the restoring mark of the pod this wake made (that pod only: its UID guards the
+   * patch). The same write counts the box active from now: its pod was stamped when the wake
+   * began, and a restore longer than the idle time would have the box put straight back to sleep.
+   */
   private async commitPod(pod: k8s.V1Pod): Promise<void> {
+    const now = this.now();
+    const annotations = { [ANNOTATIONS.restoring]: null, [ANNOTATIONS.lastActive]: new Date(now).toISOString() };
     await this.deps.call('commit woken box pod', () =>
       this.deps.core.patchNamespacedPod(
-        { name: pod.metadata!.name!, namespace: this.deps.namespace, body: { metadata: { uid: pod.metadata!.uid, annotations: { [ANNOTATIONS.restoring]: null } } } },
+        { name: pod.metadata!.name!, namespace: this.deps.namespace, body: { metadata: { uid: pod.metadata!.uid, annotations } } },
         k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
       ),
     );
+    remember(this.touched, pod.metadata!.uid!, now);
   }
 
   private async deletePod(pod: k8s.V1Pod): Promise<void> {

@@ -9,6 +9,7 @@
 // a box of the warm shape wakes into a warm pod; retention shortened while a box sleeps keeps its
 // snapshot. The write-during-a-sleep and crash cases are in lifecycle-fence.test.ts.
 import { randomBytes } from 'node:crypto';
+import * as k8s from '@kubernetes/client-node';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -142,14 +143,23 @@ suite('idle sleep and wake on the real node with the real store', () => {
     await exec(call, box, 'head -c 83886080 /dev/urandom > big.bin && echo marker > m');
     await sleeping(call, box);
     const old = new Set((await boxPods(env.pool.ns, box)).map((p) => p.metadata!.uid));
+    // Every version of the box's pods, to see the commit's own write.
+    const versions: k8s.V1Pod[] = [];
+    const watch = await new k8s.Watch(kc).watch(`/api/v1/namespaces/${env.pool.ns}/pods`, {}, (_type: string, p: k8s.V1Pod) => void versions.push(p), () => undefined);
     const waking = exec(call, box, 'cat m');
     const fresh = await until('the wake\'s new pod', async () => (await boxPods(env.pool.ns, box)).find((p) => !old.has(p.metadata!.uid) && !p.metadata?.deletionTimestamp), 60_000, 50);
+    const seenRestoring = Date.now();
     expect(fresh.metadata?.annotations?.['sandbox-bridge.io/restoring']).toBe('true'); // not committed yet
     // Calls through the other replica, from the moment the pod exists: each waits for the wake.
     const during = await Promise.all(Array.from({ length: 4 }, (_, i) => new Promise((r) => setTimeout(r, i * 200)).then(() => exec(callB, box, 'cat m'))));
     for (const r of during) expect(r).toMatchObject({ exit_code: 0, stdout: 'marker\n' });
     expect(await waking).toMatchObject({ exit_code: 0, stdout: 'marker\n' });
     expect((await core.readNamespacedPod({ name: fresh.metadata!.name!, namespace: env.pool.ns })).metadata?.annotations?.['sandbox-bridge.io/restoring']).toBeUndefined();
+    // The commit counts the box active from then, not from when the wake began: a restore longer
+    // than the idle time must not put the box straight back to sleep.
+    (watch as { abort: () => void }).abort();
+    const committed = versions.find((p) => p.metadata?.uid === fresh.metadata!.uid && p.metadata?.annotations?.['sandbox-bridge.io/restoring'] === undefined);
+    expect(Date.parse(committed?.metadata?.annotations?.['sandbox-bridge.io/last-active'] ?? '')).toBeGreaterThanOrEqual(seenRestoring);
     expect((await call('DELETE', `/boxes/${box}`)).status).toBe(200);
   }, 240_000);
 
