@@ -383,11 +383,23 @@ stop() { # NAME: TERM, then KILL after 20 s, the process up recorded (if it is s
 }
 
 down() {
-  local ctr task c h pid m link left
+  local ctr task c h pid m link left sockets
   if [ "$(id -u)" != 0 ]; then
     [ -d "$d" ] || exit 0
     die "$d exists but only root can remove the cold node"
   fi
+  # The shims' sockets are in /run/containerd/s whatever the state dir, named by a hash of
+  # containerd's address, the namespace and the shim's id (pkg/shim SocketAddress); a shim that
+  # is killed leaves its socket behind. Named now, from the live shims and the task bundles,
+  # before deleting tasks removes the bundles.
+  sockets=$({
+    for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $COLD_SOCK" || true); do
+      { tr '\0' ' ' < "/proc/$pid/cmdline"; echo; } 2>/dev/null | sed -n 's/.* -namespace \([^ ]*\) -id \([^ ]*\) .*/\1\/\2/p'
+    done
+    if [ -d "$d/containerd/state/io.containerd.runtime.v2.task" ]; then
+      (cd "$d/containerd/state/io.containerd.runtime.v2.task" && find . -mindepth 2 -maxdepth 2 -type d | sed 's#^\./##')
+    fi
+  } | sort -u | while read -r m; do printf '%s' "$COLD_SOCK/$m" | sha256sum | cut -d' ' -f1; done)
   stop kubelet
   # Containers outlive containerd (their shims are separate processes): kill and delete them
   # through containerd first.
@@ -407,16 +419,7 @@ down() {
     [ -d "$h" ] || continue
     find "$h" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u | while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done
   done
-  # The shims' sockets are in /run/containerd/s whatever the state dir, named by a hash of
-  # containerd's address, the namespace and the task (pkg/shim SocketAddress); a killed shim
-  # leaves its socket behind.
-  if [ -d "$d/containerd/state/io.containerd.runtime.v2.task" ]; then
-    for m in "$d"/containerd/state/io.containerd.runtime.v2.task/*/*/; do
-      [ -d "$m" ] || continue
-      m=${m%/}
-      rm -f "/run/containerd/s/$(printf '%s' "$COLD_SOCK/$(basename "$(dirname "$m")")/$(basename "$m")" | sha256sum | cut -d' ' -f1)"
-    done
-  fi
+  for m in $sockets; do rm -f "/run/containerd/s/$m"; done
   rmdir /run/containerd/s /run/containerd 2>/dev/null || true
   # Mounts (rootfs overlays, netns, shm, emptyDirs, image volumes), deepest first.
   if [ -d "$d" ]; then
