@@ -80,10 +80,41 @@ export interface StoredObject {
  * (each its own request, in parallel), so an upload holds at most PARTS_IN_FLIGHT + 1 parts in
  * memory and reads its body only as fast as the store takes the parts.
  */
-const PART_SIZE = 8 * 1024 * 1024;
-const PARTS_IN_FLIGHT = 3;
+export const PART_SIZE = 8 * 1024 * 1024;
+export const PARTS_IN_FLIGHT = 3;
 /** S3's limit on the parts of one upload. */
 const MAX_PARTS = 10_000;
+
+/**
+ * One part of an upload: PART_SIZE bytes (the last part fewer). done() is called once the store
+ * has taken them, so their buffer may be filled again; a part that was never sent is not done.
+ */
+export interface UploadPart {
+  data: Buffer;
+  done(): void;
+}
+
+/** A body's chunks copied into parts of PART_SIZE, each buffer reused once its part is done. */
+async function* partsOf(body: Readable): AsyncGenerator<UploadPart> {
+  const spare: Buffer[] = [];
+  const partOf = (buf: Buffer, n: number): UploadPart => ({ data: buf.subarray(0, n), done: () => void spare.push(buf) });
+  let buf: Buffer = Buffer.allocUnsafe(PART_SIZE);
+  let filled = 0;
+  let parts = 0;
+  for await (const chunk of body as AsyncIterable<Buffer>) {
+    for (let at = 0; at < chunk.length; ) {
+      const n = chunk.copy(buf, filled, at);
+      filled += n;
+      at += n;
+      if (filled < PART_SIZE) continue;
+      yield partOf(buf, filled);
+      parts++;
+      buf = spare.pop() ?? Buffer.allocUnsafe(PART_SIZE);
+      filled = 0;
+    }
+  }
+  if (filled > 0 || parts === 0) yield partOf(buf, filled);
+}
 
 /** The store, or undefined when OBJECT_STORE_BUCKET is unset. */
 export function objectStoreFrom(config: ObjectStoreConfig): ObjectStore | undefined {
@@ -150,11 +181,23 @@ export class ObjectStore {
 
   /**
    * Streams body into key. A body of one part at most is one PUT; a larger one a multipart
-   * upload whose parts (PART_SIZE) are copied once, from the body's chunks into a part buffer,
-   * and sent PARTS_IN_FLIGHT at a time: memory per upload is bounded, and the body is read only
-   * as fast as the store takes it. A failure aborts the upload (no parts left behind) and rejects.
+   * upload whose parts (PART_SIZE) are copied once, from the body's chunks into reused part
+   * buffers, and sent PARTS_IN_FLIGHT at a time: memory per upload is bounded, and the body is
+   * read only as fast as the store takes it. A failure aborts the upload (no parts left behind) and rejects.
    */
   async upload(key: string, body: Readable, opts: { contentType: string; signal?: AbortSignal }): Promise<void> {
+    await this.uploadParts(key, partsOf(body), { ...opts, stop: () => body.destroy() });
+  }
+
+  /**
+   * Uploads parts as they come (each PART_SIZE but the last; see UploadPart), PARTS_IN_FLIGHT at
+   * a time; one part at most is one PUT. The next part is asked for only once fewer than
+   * PARTS_IN_FLIGHT are on their way, so a producer with PARTS_IN_FLIGHT + 1 part buffers fills
+   * one while the others are sent, and never waits for a buffer the upload merely holds. A
+   * failure calls opts.stop (which must end a wait for the next part), aborts the multipart
+   * upload (no parts left behind) and rejects.
+   */
+  async uploadParts(key: string, parts: AsyncIterable<UploadPart>, opts: { contentType: string; signal?: AbortSignal; stop?: () => void }): Promise<void> {
     const stop = new AbortController(); // ends the parts in flight once one failed
     const abortSignal = opts.signal ? AbortSignal.any([opts.signal, stop.signal]) : stop.signal;
     const target = { Bucket: this.bucket, Key: key };
@@ -162,53 +205,51 @@ export class ObjectStore {
     const failure: { err?: unknown; failed: boolean } = { failed: false };
     const sent: Array<{ PartNumber: number; ETag: string }> = [];
     const inFlight = new Set<Promise<void>>();
-    const spare: Buffer[] = [];
-    let part: Buffer = Buffer.allocUnsafe(PART_SIZE);
-    let filled = 0;
-    let parts = 0;
-    const send = async (buf: Buffer, n: number) => {
-      const PartNumber = ++parts;
+    let count = 0;
+    const send = async (part: UploadPart) => {
+      const PartNumber = ++count;
       if (PartNumber > MAX_PARTS) throw new BridgeError('payload_too_large', `the object is larger than ${MAX_PARTS} parts of ${PART_SIZE} bytes`);
       uploadId ??= await this.run('upload', (s) =>
         this.s3.send(new CreateMultipartUploadCommand({ ...target, ContentType: opts.contentType }), { abortSignal: AbortSignal.any([s, abortSignal]) }),
       ).then((r) => r.UploadId!);
-      while (inFlight.size >= PARTS_IN_FLIGHT) await Promise.race(inFlight);
       if (failure.failed) throw failure.err;
       const uploading: Promise<void> = this.s3
-        .send(new UploadPartCommand({ ...target, UploadId: uploadId, PartNumber, Body: buf.subarray(0, n), ContentLength: n }), { abortSignal })
+        .send(new UploadPartCommand({ ...target, UploadId: uploadId, PartNumber, Body: part.data, ContentLength: part.data.length }), { abortSignal })
         .then(
           (res) => {
             sent.push({ PartNumber, ETag: res.ETag! });
-            spare.push(buf); // the request is done with it
+            part.done(); // the request is done with its bytes
           },
           (err: unknown) => {
             if (!failure.failed) Object.assign(failure, { failed: true, err });
             stop.abort();
-            body.destroy(); // a read waiting for the body ends too
+            opts.stop?.(); // a wait for the next part ends too
           },
         )
         .finally(() => inFlight.delete(uploading));
       inFlight.add(uploading);
+      // The next part is asked for once a request has ended: the producer fills it meanwhile.
+      while (inFlight.size >= PARTS_IN_FLIGHT) await Promise.race(inFlight);
     };
+    let first: UploadPart | undefined; // held until a second part shows the body needs a multipart upload
     try {
-      for await (const chunk of body as AsyncIterable<Buffer>) {
-        for (let at = 0; at < chunk.length; ) {
-          const n = chunk.copy(part, filled, at);
-          filled += n;
-          at += n;
-          if (filled < PART_SIZE) continue;
-          await send(part, filled);
-          part = spare.pop() ?? Buffer.allocUnsafe(PART_SIZE);
-          filled = 0;
+      for await (const part of parts) {
+        if (failure.failed) break;
+        if (count === 0 && !first) {
+          first = part;
+          continue;
         }
+        if (first) await send(first);
+        first = undefined;
+        await send(part);
       }
       if (failure.failed) throw failure.err;
-      if (parts === 0) {
+      if (count === 0) {
         // One part at most: a plain PUT (its body is small enough to be signed).
-        await this.s3.send(new PutObjectCommand({ ...target, Body: part.subarray(0, filled), ContentType: opts.contentType }), { abortSignal });
+        await this.s3.send(new PutObjectCommand({ ...target, Body: first?.data ?? Buffer.alloc(0), ContentType: opts.contentType }), { abortSignal });
+        first?.done();
         return;
       }
-      if (filled > 0) await send(part, filled);
       await Promise.all(inFlight);
       if (failure.failed) throw failure.err;
       sent.sort((a, b) => a.PartNumber - b.PartNumber);
@@ -217,6 +258,7 @@ export class ObjectStore {
       await this.s3.send(new CompleteMultipartUploadCommand({ ...target, UploadId: uploadId, MultipartUpload: { Parts: sent } }), { abortSignal });
     } catch (err) {
       stop.abort();
+      opts.stop?.();
       await Promise.allSettled(inFlight);
       if (uploadId) await this.abortUpload(key, uploadId).catch(() => undefined);
       const cause = failure.failed ? failure.err : err;
