@@ -2,8 +2,9 @@
 // decompresses for boxd. Pure streams, no store.
 import { createHash, randomBytes } from 'node:crypto';
 import { PassThrough, Readable } from 'node:stream';
-import { gzipSync } from 'node:zlib';
-import { workspaceCompressor, workspaceReader } from './snapshot-writer.js';
+import { gzipSync, zstdDecompressSync } from 'node:zlib';
+import { PART_SIZE } from './object-store.js';
+import { WorkspaceCompression, workspaceCompressor, workspaceReader } from './snapshot-writer.js';
 
 /** A tar-like body: some random (incompressible) and some repetitive bytes. */
 const TAR = Buffer.concat([randomBytes(300_000), Buffer.alloc(700_000, 'const x = 1;\n'), randomBytes(50_000)]);
@@ -81,4 +82,51 @@ test('a stored workspace cut short fails the tar', async () => {
   const { ended, error } = await drain(workspaceReader({ compression: 'zstd', sha256: sha256(cut), size: cut.length }, body(cut)).tar);
   expect(ended).toBe(false);
   expect(error).toBeDefined();
+});
+
+describe('WorkspaceCompression (the worker thread takeSnapshot compresses in)', () => {
+  /** 20 MiB, a few parts: random (incompressible) and repetitive bytes, in 64 KiB chunks like boxd's. */
+  const BIG = Buffer.concat([randomBytes(12 << 20), Buffer.alloc(8 << 20, 'const x = 1;\n')]);
+
+  async function run(data: Buffer, maxBytes: number, tar: Readable = body(data)) {
+    const c = new WorkspaceCompression(maxBytes);
+    const fed = c.feed(tar).catch((err: Error) => err);
+    const parts: Buffer[] = [];
+    try {
+      for await (const p of c.parts()) {
+        parts.push(Buffer.from(p.data)); // a copy: the slot is filled again once done
+        p.done();
+      }
+      return { parts, result: await c.result, fed: await fed };
+    } catch (error) {
+      return { parts, error: error as Error, fed: await fed };
+    } finally {
+      c.close(new Error('test over'));
+    }
+  }
+
+  test('parts of PART_SIZE (the last fewer) that decompress to the tar, with their size and SHA-256', async () => {
+    const { parts, result, error } = await run(BIG, 1 << 30);
+    expect(error).toBeUndefined();
+    expect(parts.length).toBeGreaterThan(1);
+    for (const p of parts.slice(0, -1)) expect(p.length).toBe(PART_SIZE);
+    const stored = Buffer.concat(parts);
+    expect(result).toEqual({ bytes: stored.length, sha256: sha256(stored) });
+    expect(zstdDecompressSync(stored).equals(BIG)).toBe(true);
+  });
+
+  test('more compressed bytes than the limit fail as payload_too_large', async () => {
+    const { error } = await run(BIG, 4 << 20);
+    expect(error).toMatchObject({ type: 'payload_too_large' });
+  });
+
+  test('a tar that fails mid-way fails the parts with its error (nothing complete is produced)', async () => {
+    const cut = new PassThrough();
+    cut.write(BIG.subarray(0, 10 << 20));
+    setTimeout(() => cut.destroy(new Error('boxd ended the archive early')), 50);
+    const { error, result, fed } = await run(BIG, 1 << 30, cut);
+    expect(error?.message).toBe('boxd ended the archive early');
+    expect(fed).toBe(error);
+    expect(result).toBeUndefined();
+  });
 });

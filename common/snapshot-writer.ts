@@ -10,12 +10,14 @@
 // ~0.5 GB/s per core with about gzip -1's ratio (bench/results/snapshots.md).
 import { createHash } from 'node:crypto';
 import { Transform, pipeline, type Readable, type TransformCallback } from 'node:stream';
+import { Worker } from 'node:worker_threads';
 import { constants as zlib, createGunzip, createZstdCompress, createZstdDecompress } from 'node:zlib';
 import type { BackupContext } from './box-context.js';
 import type { BoxdClient, BoxdTarget } from './boxd-client.js';
 import type { EnvSealer } from './env-seal.js';
 import { BridgeError } from './errors.js';
-import type { ObjectStore } from './object-store.js';
+import { PART_SIZE, PARTS_IN_FLIGHT, type ObjectStore, type UploadPart } from './object-store.js';
+import type { CompressSetup, FromCompressor, ToCompressor } from './snapshot-compress-worker.js';
 import { indexKey } from './snapshot-index.js';
 import { METADATA_OBJECT, WORKSPACE_OBJECT, newSnapshotId, snapshotKey, type SnapshotMetadata } from './snapshots.js';
 
@@ -56,16 +58,24 @@ export async function takeSnapshot(r: SnapshotRequest): Promise<SnapshotMetadata
   await r.store.check();
   // Plain tar: boxd only reads files (sendfile), compression happens here.
   const tar = await r.boxd.readArchive(r.target, WORKSPACE, false, r.signal, { maxBytes: r.limits.bytes, maxEntries: r.limits.entries });
-  const zstd = workspaceCompressor();
-  const meter = new Meter({ maxBytes: r.limits.bytes + UPLOAD_SLACK(r.limits.bytes) });
-  // pipeline propagates an archive cut short (boxd ends the response without its final chunk on
-  // a failure) into the upload, which then fails: a truncated archive is never stored.
-  pipeline(tar, zstd, meter, () => undefined);
+  const compression = new WorkspaceCompression(r.limits.bytes + UPLOAD_SLACK(r.limits.bytes));
   const workspaceKey = r.store.key(snapshotKey(r.pool, id, WORKSPACE_OBJECT));
+  let stored: { bytes: number; sha256: string };
   try {
-    await r.store.upload(workspaceKey, meter, { contentType: 'application/zstd', signal: r.signal });
+    // An archive cut short (boxd ends the response without its final chunk on a failure) fails
+    // the feed, and with it the parts and so the upload: a truncated archive is never stored.
+    const fed = compression.feed(tar);
+    fed.catch(() => undefined); // its failure reaches the upload through the parts
+    await r.store.uploadParts(workspaceKey, compression.parts(), {
+      contentType: 'application/zstd',
+      signal: r.signal,
+      stop: () => compression.close(new Error('the upload failed')),
+    });
+    await fed;
+    stored = await compression.result;
   } finally {
-    meter.destroy(); // after a failure, releases boxd's stream too (pipeline)
+    compression.close(new Error('the snapshot ended'));
+    tar.destroy(); // after a failure, releases boxd's stream
   }
   const metadata: SnapshotMetadata = {
     version: 1,
@@ -76,8 +86,8 @@ export async function takeSnapshot(r: SnapshotRequest): Promise<SnapshotMetadata
     created_at: id.createdAt.toISOString(),
     expires_at: id.expiresAt.toISOString(),
     compression: 'zstd',
-    size: meter.bytes,
-    sha256: meter.digest(),
+    size: stored.bytes,
+    sha256: stored.sha256,
     limits: r.limits,
     ...(r.context ? { context: r.context } : {}),
     env: r.sealer.seal(r.env, id.id),
@@ -92,6 +102,127 @@ export async function takeSnapshot(r: SnapshotRequest): Promise<SnapshotMetadata
     throw err;
   }
   return metadata;
+}
+
+/** The compressor's input slots: boxd's tar is copied into these (a few socket reads each). */
+const INPUT_SLOTS = 3;
+const INPUT_BYTES = 1024 * 1024;
+const WORKER_FILE = new URL(`./snapshot-compress-worker.${import.meta.url.endsWith('.ts') ? 'ts' : 'js'}`, import.meta.url);
+
+/**
+ * A workspace tar compressed (zstd, ZSTD_LEVEL), counted and hashed in a worker thread
+ * (common/snapshot-compress-worker.ts says why) into parts for the store's uploadParts. Memory:
+ * INPUT_SLOTS of INPUT_BYTES and PARTS_IN_FLIGHT + 1 parts, shared with the worker, and the
+ * worker's isolate, whatever the workspace's size; boxd's tar is read only as fast as the upload
+ * takes the parts.
+ */
+export class WorkspaceCompression {
+  /** The compressed size and SHA-256 once every part was produced; rejects with the compression's failure. */
+  readonly result: Promise<{ bytes: number; sha256: string }>;
+  private readonly worker: Worker;
+  private readonly input: SharedArrayBuffer;
+  private readonly output: SharedArrayBuffer;
+  private readonly freeInputs: number[] = [];
+  private readonly ready: Array<{ slot: number; n: number }> = [];
+  private finished = false;
+  private failure: Error | undefined;
+  private readonly settle: { resolve: (v: { bytes: number; sha256: string }) => void; reject: (err: Error) => void };
+  /** feed() and parts() waiting for the worker. */
+  private waiting: Array<() => void> = [];
+
+  constructor(maxBytes: number) {
+    this.input = new SharedArrayBuffer(INPUT_SLOTS * INPUT_BYTES);
+    this.output = new SharedArrayBuffer((PARTS_IN_FLIGHT + 1) * PART_SIZE);
+    for (let i = 0; i < INPUT_SLOTS; i++) this.freeInputs.push(i);
+    const setup: CompressSetup = { input: this.input, inputBytes: INPUT_BYTES, output: this.output, partBytes: PART_SIZE, maxBytes, level: ZSTD_LEVEL };
+    // A small young generation: the worker's garbage (zstd's output buffers) is freed every MiB
+    // instead of piling up to the default's tens of MiB (the bridge's peak RSS, measured).
+    this.worker = new Worker(WORKER_FILE, { workerData: setup, resourceLimits: { maxYoungGenerationSizeMb: 1, maxOldGenerationSizeMb: 64 } });
+    let settle!: WorkspaceCompression['settle'];
+    this.result = new Promise((resolve, reject) => (settle = { resolve, reject }));
+    this.result.catch(() => undefined); // read by takeSnapshot only after a complete upload
+    this.settle = settle;
+    const fail = (err: Error) => this.close(err);
+    this.worker.on('message', (m: FromCompressor) => {
+      if (m.t === 'in-free') this.freeInputs.push(m.slot);
+      else if (m.t === 'part') this.ready.push({ slot: m.slot, n: m.n });
+      else if (m.t === 'done') {
+        this.finished = true;
+        this.settle.resolve({ bytes: m.bytes, sha256: m.sha256 });
+        void this.worker.terminate();
+      } else if (m.t === 'too-large') fail(new BridgeError('payload_too_large', `the snapshot is larger than its limit of ${maxBytes} bytes`));
+      else fail(new BridgeError('internal_error', `compressing the snapshot failed: ${m.message}`));
+      this.notify();
+    });
+    this.worker.on('error', (err) => fail(err));
+    this.worker.on('exit', () => fail(new Error('the snapshot compressor stopped')));
+  }
+
+  /** Copies the tar into the input slots, each handed to the worker once full; then ends it. Rejects (and fails the parts) if the tar fails. */
+  async feed(tar: Readable): Promise<void> {
+    try {
+      let slot = await this.freeInput();
+      let filled = 0;
+      for await (const chunk of tar as AsyncIterable<Buffer>) {
+        for (let at = 0; at < chunk.length; ) {
+          const n = chunk.copy(Buffer.from(this.input, slot * INPUT_BYTES + filled, INPUT_BYTES - filled), 0, at);
+          filled += n;
+          at += n;
+          if (filled < INPUT_BYTES) continue;
+          this.post({ t: 'in', slot, n: filled });
+          slot = await this.freeInput();
+          filled = 0;
+        }
+      }
+      if (filled > 0) this.post({ t: 'in', slot, n: filled });
+      this.post({ t: 'end' });
+    } catch (err) {
+      this.close(err as Error);
+      throw err;
+    }
+  }
+
+  /** The compressed parts in order, each on the worker's part slot it was filled in; done() gives the slot back. */
+  async *parts(): AsyncGenerator<UploadPart> {
+    for (;;) {
+      const next = this.ready.shift();
+      if (next) {
+        yield { data: Buffer.from(this.output, next.slot * PART_SIZE, next.n), done: () => this.post({ t: 'free', slot: next.slot }) };
+        continue;
+      }
+      if (this.failure) throw this.failure;
+      if (this.finished) return;
+      await new Promise<void>((resolve) => this.waiting.push(resolve));
+    }
+  }
+
+  /** Stops the worker (a no-op once it has finished): a feed or parts waiting on it fail with err. */
+  close(err: Error): void {
+    if (this.finished || this.failure) return;
+    this.failure = err;
+    this.settle.reject(err);
+    void this.worker.terminate();
+    this.notify();
+  }
+
+  private async freeInput(): Promise<number> {
+    for (;;) {
+      const slot = this.freeInputs.shift();
+      if (slot !== undefined) return slot;
+      if (this.failure) throw this.failure;
+      await new Promise<void>((resolve) => this.waiting.push(resolve));
+    }
+  }
+
+  private post(m: ToCompressor): void {
+    if (!this.failure) this.worker.postMessage(m);
+  }
+
+  private notify(): void {
+    const waiting = this.waiting;
+    this.waiting = [];
+    for (const wake of waiting) wake();
+  }
 }
 
 /** How a workspace tar is compressed for the store (workspaceReader undoes it). */

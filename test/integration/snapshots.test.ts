@@ -269,8 +269,9 @@ suite('snapshots of real boxes in the real object store', () => {
           `bridge RSS before ${baseline.toFixed(0)} MiB, peak (VmHWM) ${peak.toFixed(0)} MiB: +${(peak - baseline).toFixed(0)} MiB\n`,
       );
       // Held whole, 200 MiB would grow the peak by more than 200 MiB; streamed, what remains is
-      // the upload's parts in flight, zlib and the heap's slack under load (measured +69 to +89).
-      expect(peak - baseline).toBeLessThan(120);
+      // the upload's parts, the compressor's worker thread (its isolate alone ~18 MiB), zlib and
+      // the heap's slack under load (measured +69 to +89 before the worker, +115 and +120 with it).
+      expect(peak - baseline).toBeLessThan(150);
     } finally {
       await bridge.stop();
       // Only the pool: the namespace is this suite's, and its box is used by the tests after this.
