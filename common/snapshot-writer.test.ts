@@ -102,6 +102,7 @@ describe('WorkspaceCompression (the worker thread takeSnapshot compresses in)', 
       return { parts, error: error as Error, fed: await fed };
     } finally {
       c.close(new Error('test over'));
+      await c.release();
     }
   }
 

@@ -61,11 +61,11 @@ export async function takeSnapshot(r: SnapshotRequest): Promise<SnapshotMetadata
   const compression = new WorkspaceCompression(r.limits.bytes + UPLOAD_SLACK(r.limits.bytes));
   const workspaceKey = r.store.key(snapshotKey(r.pool, id, WORKSPACE_OBJECT));
   let stored: { bytes: number; sha256: string };
+  // An archive cut short (boxd ends the response without its final chunk on a failure) fails
+  // the feed, and with it the parts and so the upload: a truncated archive is never stored.
+  const fed = compression.feed(tar);
+  fed.catch(() => undefined); // its failure reaches the upload through the parts
   try {
-    // An archive cut short (boxd ends the response without its final chunk on a failure) fails
-    // the feed, and with it the parts and so the upload: a truncated archive is never stored.
-    const fed = compression.feed(tar);
-    fed.catch(() => undefined); // its failure reaches the upload through the parts
     await r.store.uploadParts(workspaceKey, compression.parts(), {
       contentType: 'application/zstd',
       signal: r.signal,
@@ -76,6 +76,8 @@ export async function takeSnapshot(r: SnapshotRequest): Promise<SnapshotMetadata
   } finally {
     compression.close(new Error('the snapshot ended'));
     tar.destroy(); // after a failure, releases boxd's stream
+    await fed.catch(() => undefined); // no longer copying into the input slots
+    await compression.release();
   }
   const metadata: SnapshotMetadata = {
     version: 1,
@@ -107,6 +109,10 @@ export async function takeSnapshot(r: SnapshotRequest): Promise<SnapshotMetadata
 /** The compressor's input slots: boxd's tar is copied into these (a few socket reads each). */
 const INPUT_SLOTS = 3;
 const INPUT_BYTES = 1024 * 1024;
+/** The slots of the last compression that ended, for the next one within SPARE_SLOTS_MS. */
+let spareSlots: { input: SharedArrayBuffer; output: SharedArrayBuffer } | undefined;
+let spareTimer: NodeJS.Timeout | undefined;
+const SPARE_SLOTS_MS = 30_000;
 const WORKER_FILE = new URL(`./snapshot-compress-worker.${import.meta.url.endsWith('.ts') ? 'ts' : 'js'}`, import.meta.url);
 
 /**
@@ -131,8 +137,10 @@ export class WorkspaceCompression {
   private waiting: Array<() => void> = [];
 
   constructor(maxBytes: number) {
-    this.input = new SharedArrayBuffer(INPUT_SLOTS * INPUT_BYTES);
-    this.output = new SharedArrayBuffer((PARTS_IN_FLIGHT + 1) * PART_SIZE);
+    const slots = spareSlots ?? { input: new SharedArrayBuffer(INPUT_SLOTS * INPUT_BYTES), output: new SharedArrayBuffer((PARTS_IN_FLIGHT + 1) * PART_SIZE) };
+    spareSlots = undefined;
+    this.input = slots.input;
+    this.output = slots.output;
     for (let i = 0; i < INPUT_SLOTS; i++) this.freeInputs.push(i);
     const setup: CompressSetup = { input: this.input, inputBytes: INPUT_BYTES, output: this.output, partBytes: PART_SIZE, maxBytes, level: ZSTD_LEVEL };
     // A small young generation: the worker's garbage (zstd's output buffers) is freed every MiB
@@ -194,6 +202,20 @@ export class WorkspaceCompression {
       if (this.finished) return;
       await new Promise<void>((resolve) => this.waiting.push(resolve));
     }
+  }
+
+  /**
+   * Once the worker has stopped, keeps the slots a while for the next compression: freed only
+   * by a full GC of the caller's heap, which is now rare, the slots of one snapshot after
+   * another would pile up (bench: the bridge's peak RSS). Call it only once nothing reads or
+   * fills them any more: the feed and the upload have ended.
+   */
+  async release(): Promise<void> {
+    await this.worker.terminate();
+    if (spareSlots) return;
+    spareSlots = { input: this.input, output: this.output };
+    clearTimeout(spareTimer);
+    spareTimer = setTimeout(() => (spareSlots = undefined), SPARE_SLOTS_MS).unref();
   }
 
   /** Stops the worker (a no-op once it has finished): a feed or parts waiting on it fail with err. */
