@@ -118,9 +118,9 @@ const WORKER_FILE = new URL(`./snapshot-compress-worker.${import.meta.url.endsWi
 /**
  * A workspace tar compressed (zstd, ZSTD_LEVEL), counted and hashed in a worker thread
  * (common/snapshot-compress-worker.ts says why) into parts for the store's uploadParts. Memory:
- * INPUT_SLOTS of INPUT_BYTES and PARTS_IN_FLIGHT + 1 parts, shared with the worker, and the
- * worker's isolate, whatever the workspace's size; boxd's tar is read only as fast as the upload
- * takes the parts.
+ * INPUT_SLOTS of INPUT_BYTES and PARTS_IN_FLIGHT + 1 parts, shared with the worker, the worker's
+ * isolate and zstd's output buffers until the worker's GC frees them (~35 MiB), whatever the
+ * workspace's size; boxd's tar is read only as fast as the upload takes the parts.
  */
 export class WorkspaceCompression {
   /** The compressed size and SHA-256 once every part was produced; rejects with the compression's failure. */
@@ -143,8 +143,8 @@ export class WorkspaceCompression {
     this.output = slots.output;
     for (let i = 0; i < INPUT_SLOTS; i++) this.freeInputs.push(i);
     const setup: CompressSetup = { input: this.input, inputBytes: INPUT_BYTES, output: this.output, partBytes: PART_SIZE, maxBytes, level: ZSTD_LEVEL };
-    // A small young generation: the worker's garbage (zstd's output buffers) is freed every MiB
-    // instead of piling up to the default's tens of MiB (the bridge's peak RSS, measured).
+    // A small heap: with the default's, the profile script's peak RSS was 248 MiB instead of 200.
+    // (zstd's output buffers are external memory: V8 frees them after ~35 MiB whatever this.)
     this.worker = new Worker(WORKER_FILE, { workerData: setup, resourceLimits: { maxYoungGenerationSizeMb: 1, maxOldGenerationSizeMb: 64 } });
     let settle!: WorkspaceCompression['settle'];
     this.result = new Promise((resolve, reject) => (settle = { resolve, reject }));
