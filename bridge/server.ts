@@ -252,6 +252,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     env,
     records,
     policy,
+    budget,
     onDone: (operation, outcome, seconds, bytes) => {
       metrics.snapshotDuration.observe({ operation, outcome }, seconds);
       metrics.snapshotBytes.inc({ operation }, bytes);

@@ -109,6 +109,13 @@ export async function takeSnapshot(r: SnapshotRequest): Promise<SnapshotMetadata
 /** The compressor's input slots: boxd's tar is copied into these (a few socket reads each). */
 const INPUT_SLOTS = 3;
 const INPUT_BYTES = 1024 * 1024;
+/**
+ * What one snapshot's compression holds at most, whatever the workspace's size: the shared slots
+ * (INPUT_SLOTS of INPUT_BYTES and PARTS_IN_FLIGHT + 1 parts) and the worker (its isolate, and
+ * zstd's output buffers until its GC frees them: ~35 MiB measured, bench/results/snapshots.md).
+ * The bridge reserves it from its memory budget before a snapshot starts.
+ */
+export const COMPRESSION_MEMORY_BYTES = INPUT_SLOTS * INPUT_BYTES + (PARTS_IN_FLIGHT + 1) * PART_SIZE + 48 * 1024 * 1024;
 /** The slots of the last compression that ended, for the next one within SPARE_SLOTS_MS. */
 let spareSlots: { input: SharedArrayBuffer; output: SharedArrayBuffer } | undefined;
 let spareTimer: NodeJS.Timeout | undefined;

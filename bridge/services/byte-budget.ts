@@ -9,7 +9,7 @@ const KiB = 1024;
 const MiB = 1024 * KiB;
 
 /** What a hold is for: the label of refusals in the metrics. */
-export type HoldKind = 'exec' | 'output' | 'terminal' | 'file' | 'archive' | 'answer' | 'port';
+export type HoldKind = 'exec' | 'output' | 'terminal' | 'file' | 'archive' | 'answer' | 'port' | 'snapshot';
 
 /**
  * What each kind of relay holds at most, by design (high watermarks and the largest frame),

@@ -9,7 +9,8 @@ import { sessionHash } from '../../common/labels.js';
 import { parseQuantity } from '../../common/quantity.js';
 import { METADATA_OBJECT, parseSnapshotId, sessionPrefix, snapshotKey, type SnapshotId, type SnapshotMetadata } from '../../common/snapshots.js';
 import { contextMatches, indexKey, indexQuery, indexedSnapshot, type ContextFilter } from '../../common/snapshot-index.js';
-import { snapshotLimits, takeSnapshot } from '../../common/snapshot-writer.js';
+import { COMPRESSION_MEMORY_BYTES, snapshotLimits, takeSnapshot } from '../../common/snapshot-writer.js';
+import type { ByteBudget } from './byte-budget.js';
 import { boxStatus } from '../box-view.js';
 import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxRecords } from '../../common/box-records.js';
@@ -33,6 +34,8 @@ export interface SnapshotServiceDeps {
   env: Pick<EnvService, 'merge'>;
   records: Pick<BoxRecords, 'readOwn'>;
   policy: PolicySource;
+  /** The replica's memory budget: a snapshot's compression holds COMPRESSION_MEMORY_BYTES of it while it runs. */
+  budget: Pick<ByteBudget, 'reserve'>;
   onDone?: (operation: 'create', outcome: 'ok' | 'error', seconds: number, bytes: number) => void;
   now?: () => Date;
 }
@@ -67,6 +70,8 @@ export class SnapshotService {
   async create(boxId: string, req: { ttlSeconds?: number; name?: string } = {}): Promise<SnapshotView> {
     const { store, sealer } = this.configured();
     const spec = this.deps.policy.current();
+    // Before anything starts: a replica out of memory for it answers 503 at once, the box untouched.
+    const hold = this.deps.budget.reserve(COMPRESSION_MEMORY_BYTES, 'snapshot', 'a snapshot');
     const started = performance.now();
     let bytes = 0;
     try {
@@ -100,6 +105,8 @@ export class SnapshotService {
     } catch (err) {
       this.deps.onDone?.('create', 'error', (performance.now() - started) / 1000, bytes);
       throw err;
+    } finally {
+      hold.release();
     }
   }
 
