@@ -75,8 +75,28 @@ type Watch struct {
 	isDir     bool
 	// paths of the inotify watches this watch holds (guarded by hub.mu).
 	paths map[int32]string
-	q     *queue
-	done  bool // no more events from the hub (ended or closed)
+	// scanned: entries a scan reported as created (guarded by hub.mu). One made while its
+	// directory's watch was already in place is reported by inotify as well: that create is
+	// dropped once (scan, dispatch).
+	scanned map[string]struct{}
+	q       *queue
+	done    bool // no more events from the hub (ended or closed)
+}
+
+// afterWatch, in tests only, runs between a directory's watch and its scan.
+var afterWatch func(dir string)
+
+// maxScanned bounds a watch's scanned set; beyond it a duplicate create may pass.
+const maxScanned = 4096
+
+// firstCreate says whether a create of p is news, not what a scan already reported; any other
+// event about p ends what the scan said of it. Holds hub.mu.
+func (w *Watch) firstCreate(p string, create bool) bool {
+	if _, ok := w.scanned[p]; ok {
+		delete(w.scanned, p)
+		return !create
+	}
+	return true
 }
 
 // New returns a hub resolving paths with box.
@@ -120,7 +140,7 @@ func (h *Hub) Watch(p string, o Options) (*Watch, error) {
 	if err := h.open(); err != nil {
 		return nil, err
 	}
-	w := &Watch{hub: h, root: shown, recursive: o.Recursive && fi.IsDir(), isDir: fi.IsDir(), paths: map[int32]string{},
+	w := &Watch{hub: h, root: shown, recursive: o.Recursive && fi.IsDir(), isDir: fi.IsDir(), paths: map[int32]string{}, scanned: map[string]struct{}{},
 		q: newQueue(o.Queue, h.cfg.MaxBytes, h.cfg.Window)}
 	wd, err := h.add(w, f, shown)
 	if err != nil {
@@ -219,6 +239,9 @@ func (h *Hub) scan(w *Watch, dir string, f *os.File, synthetic bool) (over bool)
 		}
 		if synthetic {
 			w.q.add(Event{Type: "create", Path: p, Kind: kind})
+			if len(w.scanned) < maxScanned {
+				w.scanned[p] = struct{}{}
+			}
 		}
 		if kind == "dir" && h.watchDir(w, p, synthetic) {
 			return true
@@ -244,6 +267,9 @@ func (h *Hub) watchDir(w *Watch, p string, synthetic bool) (over bool) {
 	}
 	if err != nil || w.paths[wd] != p {
 		return false // already held under another name (a symlink loop swapped in): not again
+	}
+	if afterWatch != nil {
+		afterWatch(p)
 	}
 	return h.scan(w, p, f, synthetic)
 }
@@ -460,6 +486,10 @@ func (h *Hub) dispatch(e *raw) {
 			continue
 		}
 		kind := kindOf(e.mask)
+		create := e.mask&syscall.IN_CREATE != 0
+		if e.name != "" && !w.firstCreate(p, create) {
+			continue // the scan of its new directory reported it, and watches it if a directory
+		}
 		switch {
 		case e.mask&syscall.IN_IGNORED != 0:
 			// The kernel dropped the watch (its directory is gone): so does w.
@@ -476,7 +506,7 @@ func (h *Hub) dispatch(e *raw) {
 				w.q.add(Event{Type: "remove", Path: p, Kind: kind})
 				h.end(w, "removed")
 			}
-		case e.mask&syscall.IN_CREATE != 0:
+		case create:
 			w.q.add(Event{Type: "create", Path: p, Kind: kind})
 			if kind == "dir" && w.recursive {
 				h.grow(w, p)
@@ -522,6 +552,15 @@ func (h *Hub) dispatchMove(from, to *raw) {
 		if to != nil {
 			now, hasNow = w.pathIn(to.wd, to.name)
 			kind = kindOf(to.mask)
+		}
+		if hasOld {
+			w.firstCreate(old, false)
+		}
+		if hasNow && !hasOld && !w.firstCreate(now, true) {
+			continue // moved in while its directory was scanned: the scan reported it
+		}
+		if hasNow && hasOld {
+			w.firstCreate(now, false)
 		}
 		switch {
 		case hasOld && hasNow:

@@ -349,3 +349,36 @@ func TestFile(t *testing.T) {
 		t.Fatalf("event %+v", e)
 	}
 }
+
+func TestMadeWhileScannedReportedOnce(t *testing.T) {
+	h, ws, _ := setup(t, Config{})
+	w := start(t, h, ws, Options{Recursive: true})
+	// A file made after the new directory's watch is in place and before its scan lists it:
+	// inotify and the scan both see it; the stream says it once.
+	afterWatch = func(dir string) {
+		if dir == ws+"/t" {
+			must(t, os.WriteFile(dir+"/late", nil, 0o644))
+		}
+	}
+	t.Cleanup(func() { afterWatch = nil })
+	must(t, os.Mkdir(filepath.Join(ws, "t"), 0o755))
+	got := show(collect(t, w, 500*time.Millisecond))
+	want := show([]Event{
+		{Type: "create", Path: ws + "/t", Kind: "dir"},
+		{Type: "create", Path: ws + "/t/late", Kind: "file"},
+	})
+	if got != want {
+		t.Fatalf("a file made while its directory was scanned:\n%s\nwant:\n%s", got, want)
+	}
+	// Made again after a remove, it is news again.
+	must(t, os.Remove(filepath.Join(ws, "t", "late")))
+	must(t, os.WriteFile(filepath.Join(ws, "t", "late"), nil, 0o644))
+	got = show(collect(t, w, 500*time.Millisecond))
+	want = show([]Event{
+		{Type: "remove", Path: ws + "/t/late", Kind: "file"},
+		{Type: "create", Path: ws + "/t/late", Kind: "file"},
+	})
+	if got != want {
+		t.Fatalf("removed and made again:\n%s\nwant:\n%s", got, want)
+	}
+}
