@@ -51,11 +51,62 @@ export class BoxSeats {
         await this.call('take box seat', () => this.core.createNamespacedSecret({ namespace: this.namespace, body }));
         return n;
       } catch (err) {
-        if (err instanceof BridgeError && err.type === 'conflict') continue; // taken: by a box this cache has not seen yet, or one just deleted
-        throw err;
+        if (!(err instanceof BridgeError && err.type === 'conflict')) throw err;
+        // Taken: by a box this cache has not seen yet, or by one deleted a moment ago whose seat
+        // garbage collection has not removed yet (seconds on a busy API server). That one is
+        // removed here and the seat taken.
+        if (!(await this.reclaimOrphan(n))) continue;
+        try {
+          await this.call('take box seat', () => this.core.createNamespacedSecret({ namespace: this.namespace, body }));
+          return n;
+        } catch (again) {
+          if (!(again instanceof BridgeError && again.type === 'conflict')) throw again;
+        }
       }
     }
     return undefined;
+  }
+
+  /**
+   * Deletes seat n when it is a record's seat whose record is gone (a deleted box's, garbage
+   * collection not done yet): guarded by its uid and version, so a seat taken again meanwhile is
+   * never touched. A warm seat is never reclaimed here: its pod may be on its way (the
+   * operator's reaper judges those). True when the seat is free now.
+   */
+  private async reclaimOrphan(n: number): Promise<boolean> {
+    const seat = await this.readSeat(n);
+    if (!seat) return true;
+    const owner = seat.metadata?.ownerReferences?.[0];
+    if (seat.metadata?.labels?.[LABELS.component] !== SECRET_COMPONENTS.seat || owner?.kind !== 'Secret' || !owner.uid) return false;
+    try {
+      const record = await this.call('read box record', () => this.core.readNamespacedSecret({ name: owner.name, namespace: this.namespace }));
+      if (record.metadata?.uid === owner.uid && !record.metadata?.deletionTimestamp) return false; // its box holds it
+    } catch (err) {
+      if (!(err instanceof BridgeError && err.type === 'not_found')) throw err;
+    }
+    try {
+      await this.call('free orphaned box seat', () =>
+        this.core.deleteNamespacedSecret({
+          name: seatName(n),
+          namespace: this.namespace,
+          body: { preconditions: { uid: seat.metadata!.uid!, resourceVersion: seat.metadata!.resourceVersion! } },
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof BridgeError && err.type === 'not_found') return true;
+      if (err instanceof BridgeError && err.type === 'conflict') return false;
+      throw err;
+    }
+  }
+
+  private async readSeat(n: number): Promise<k8s.V1Secret | undefined> {
+    try {
+      return await this.call('read box seat', () => this.core.readNamespacedSecret({ name: seatName(n), namespace: this.namespace }));
+    } catch (err) {
+      if (err instanceof BridgeError && err.type === 'not_found') return undefined;
+      throw err;
+    }
   }
 
   /**
