@@ -211,7 +211,19 @@ suite('warm boxes', () => {
     if (last.status !== 201) {
       const quotas = await core.listNamespacedResourceQuota({ namespace: pool.ns });
       const pods = await core.listNamespacedPod({ namespace: pool.ns });
-      console.log(JSON.stringify({ last: last.json, quota: quotas.items.map((q) => q.status), pods: pods.items.map((p) => [p.metadata!.name, p.metadata!.deletionTimestamp, p.status!.phase]) }, null, 1));
+      const seats = (await core.listNamespacedSecret({ namespace: pool.ns })).items.filter((s) => s.metadata?.name?.startsWith('box-seat-'));
+      console.log(
+        JSON.stringify(
+          {
+            last: last.json,
+            quota: quotas.items.map((q) => q.status),
+            pods: pods.items.map((p) => [p.metadata!.name, p.metadata!.deletionTimestamp, p.status!.phase, p.metadata!.labels?.[LABELS.seat]]),
+            seats: seats.map((s) => [s.metadata!.name, s.metadata!.labels?.[LABELS.component], s.metadata!.ownerReferences?.[0]?.name, s.metadata!.deletionTimestamp]),
+          },
+          null,
+          1,
+        ),
+      );
     }
     expect([full.status, last.status]).toEqual([201, 201]);
     made.push(full.json.box_id, last.json.box_id);
