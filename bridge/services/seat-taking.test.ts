@@ -64,12 +64,35 @@ describe('takeSeat', () => {
     expect(sleeps).toEqual([150]);
   });
 
-  test('a pool full of boxes answers undefined at once; a claimed warm pod is never taken', async () => {
+  test('a pool full of boxes answers undefined at once', async () => {
+    const apiSeats = new Map([[0, 'box-a'], [1, 'box-b']]);
+    const { io, sleeps } = pool(2, { apiSeats, cachePods: [warm('box-a', 0), warm('box-b', 1)], giveUp: () => 'deleted' });
+    expect(await takeSeat(io, 2)).toBeUndefined();
+    expect(sleeps).toEqual([]);
+  });
+
+  test('a warm pod claimed meanwhile is never taken: once the cache shows the claim, the pool is full', async () => {
     const apiSeats = new Map([[0, 'box-a'], [1, 'warm-1']]);
-    const { io, sleeps } = pool(2, { apiSeats, cachePods: [warm('box-a', 0), warm('warm-1', 1)], giveUp: () => 'changed' });
+    const cachePods = [warm('box-a', 0), warm('warm-1', 1)];
+    const { io, sleeps } = pool(2, {
+      apiSeats,
+      cachePods,
+      giveUp: () => {
+        cachePods[1] = warm('box-b', 1); // the watch catches up: a box now
+        return 'changed';
+      },
+    });
     expect(await takeSeat(io, 2)).toBeUndefined();
     expect(apiSeats.get(1)).toBe('warm-1');
-    expect(sleeps).toEqual([]);
+    expect(sleeps).toEqual([150]);
+  });
+
+  test('a spare that changed under the give-up (the kubelet updated its status) is tried again as the cache shows it next', async () => {
+    const apiSeats = new Map([[0, 'box-a'], [1, 'warm-1']]);
+    let tries = 0;
+    const { io, sleeps } = pool(2, { apiSeats, cachePods: [warm('box-a', 0), warm('warm-1', 1)], giveUp: () => (++tries === 1 ? 'changed' : 'deleted') });
+    expect(await takeSeat(io, 2)).toBe(1);
+    expect(sleeps).toEqual([150]);
   });
 
   test('a seat held by what the cache does not show is waited for a bounded time', async () => {

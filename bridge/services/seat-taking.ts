@@ -7,7 +7,7 @@
 import type * as k8s from '@kubernetes/client-node';
 import { seatOf } from '../../common/seats.js';
 
-/** Seat takes retried while a seat or two are coming free (150 ms doubling: ~2.3 s). */
+/** Seat takes retried while a seat or two are coming free, or a spare changed under us (150 ms doubling: ~2.3 s). */
 export const SEAT_RETRIES = 4;
 /** Unclaimed warm pods given up per round. */
 const SPARES_PER_ROUND = 3;
@@ -43,12 +43,18 @@ export async function takeSeat(io: SeatIo, maxBoxes: number): Promise<number | u
     const seat = await io.take(held());
     if (seat !== undefined) return seat;
     const spares = io.spares().filter((p) => !goneNames.has(p.metadata!.name!));
+    // A spare that changed since the cache saw it (the kubelet's status, a claim) is looked at
+    // again next round, as the watch shows it then: claimed, it is no spare any more.
+    let changed = false;
     for (const spare of spares.slice(0, SPARES_PER_ROUND)) {
       const n = seatOf(spare);
       if (n === undefined) continue;
       const name = spare.metadata!.name!;
       const outcome = await io.giveUp(spare);
-      if (outcome === 'changed') continue;
+      if (outcome === 'changed') {
+        changed = true;
+        continue;
+      }
       if (outcome === 'gone') {
         goneSeats.add(n);
         goneNames.add(name);
@@ -62,7 +68,7 @@ export async function takeSeat(io: SeatIo, maxBoxes: number): Promise<number | u
     // show yet. Many unseen holders are creates in flight through other replicas: the pool is
     // full, and waiting would not help.
     const unseen = maxBoxes - held().size;
-    if (attempt >= SEAT_RETRIES || unseen <= 0 || unseen > 2) return undefined;
+    if (attempt >= SEAT_RETRIES || (!changed && (unseen <= 0 || unseen > 2))) return undefined;
     await io.sleep(150 * 2 ** attempt);
   }
 }
