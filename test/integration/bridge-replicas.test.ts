@@ -152,6 +152,11 @@ test('an unreachable or silent API server is a prompt 503, and reads keep coming
     const call = api(b);
     const box = await call('POST', '/boxes', { sessionId: 'outage' });
     expect(box.status).toBe(201);
+    // The replica's watch (through the same proxy) shows the box before the outage: the cache
+    // it serves reads from during the outage holds it.
+    await waitFor('the box in the replica\'s cache', async () =>
+      ((await call('GET', '/sandboxes')).json.sandboxes as Array<{ name: string }>).some((s) => s.name === box.json.box_id) ? true : undefined,
+    { timeoutMs: 30_000 });
 
     proxy.set('refuse');
     let started = Date.now();

@@ -286,7 +286,8 @@ suite('the egress gateway on the real node', () => {
       1000,
     );
     expect(events[0]).toMatchObject({ type: 'Warning', source: { component: 'sandbox-bridge-egress-gateway' } });
-    expect(events[0]!.message).toMatch(/other\.test/);
+    // One Event a minute per box: the first names whichever refusals of this suite came first.
+    expect(events[0]!.message).toMatch(/refused box .* (other|allowed|www\.wild)\.test x\d+/);
     expect(events[0]!.message).not.toContain(SECRET);
   }, 120_000);
 
