@@ -108,8 +108,8 @@ func TestArchiveSentOntoTheConnection(t *testing.T) {
 
 // A file that shrinks while its contents are sent, or a tree that grows past the limits, breaks
 // the transfer off (no last chunk): the reader sees an error, never a short archive that looks
-// whole. (The reader starts reading only after the change: until then the connection's buffers
-// hold boxd back in a-big.)
+// whole. (The reader reads a-big's header, then changes the tree, then reads on: until then the
+// connection's buffers hold boxd back in a-big's contents.)
 func TestArchiveOntoTheConnectionBreaksOff(t *testing.T) {
 	for _, change := range []string{"shrink", "grow"} {
 		base, ws := tcpBox(t)
@@ -123,6 +123,12 @@ func TestArchiveOntoTheConnectionBreaksOff(t *testing.T) {
 		resp := getArchive(t, base, "max_entries=2&path="+url.QueryEscape(src))
 		if resp.StatusCode != 200 {
 			t.Fatal(resp.Status)
+		}
+		// a-big's header arrives only once boxd has opened and measured it: the change lands
+		// while its contents are on their way, never before boxd looked (that archive is whole).
+		first := make([]byte, 512)
+		if _, err := io.ReadFull(resp.Body, first); err != nil || !bytes.HasPrefix(first, []byte("a-big\x00")) {
+			t.Fatalf("%s: first header %q %v", change, first[:16], err)
 		}
 		var err error
 		if change == "shrink" {
