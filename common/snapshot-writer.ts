@@ -2,22 +2,22 @@
 // box -> this process -> object store with backpressure, never held whole) plus its env (sealed)
 // and metadata, under the layout of common/snapshots.ts. The bridge takes snapshots on request;
 // the operator's idle sleep takes them before a box's pod goes. Both go through here, so both
-// obey the same limits. Reading one back (workspaceReader) undoes the compression here too, so
-// boxd only ever sees plain tars, whatever the snapshot's age.
+// obey the same limits. Reading one back (restoreWorkspace) undoes the compression here too, so
+// boxd only ever sees plain tars, whatever the snapshot's age. The bytes move in a worker thread
+// (common/snapshot-worker.ts), which also makes boxd's archive calls.
 //
 // Why compress here and not in boxd: boxd's CPU is the box's (a quarter of a core is common),
-// where even gzip -1 runs at ~50 MB/s; zstd -1 in this process runs on libuv's thread pool at
+// where even gzip -1 runs at ~50 MB/s; zstd -1 in this process runs at
 // ~0.5 GB/s per core with about gzip -1's ratio (bench/results/snapshots.md).
-import { createHash } from 'node:crypto';
-import { Transform, pipeline, type Readable, type TransformCallback } from 'node:stream';
-import { Worker } from 'node:worker_threads';
-import { constants as zlib, createGunzip, createZstdCompress, createZstdDecompress } from 'node:zlib';
+import type { Readable } from 'node:stream';
 import type { BackupContext } from './box-context.js';
 import type { BoxdClient, BoxdTarget } from './boxd-client.js';
 import type { EnvSealer } from './env-seal.js';
 import { BridgeError } from './errors.js';
-import { PART_SIZE, PARTS_IN_FLIGHT, type ObjectStore, type UploadPart } from './object-store.js';
-import type { CompressSetup, FromCompressor, ToCompressor } from './snapshot-compress-worker.js';
+import { PART_SIZE, PARTS_IN_FLIGHT, storeError, type ObjectStore, type UploadPart } from './object-store.js';
+import type { RestoreSetup, SnapshotSetup } from './snapshot-worker.js';
+import { SnapshotWorker, boxdSettings, sharedSlots, workerCall } from './snapshot-worker-host.js';
+import { archiveReadRequest, archiveWriteRequest } from './boxd-archive.js';
 import { indexKey } from './snapshot-index.js';
 import { METADATA_OBJECT, WORKSPACE_OBJECT, newSnapshotId, snapshotKey, type SnapshotMetadata } from './snapshots.js';
 
@@ -45,6 +45,8 @@ export interface SnapshotRequest {
   limits: { bytes: number; entries: number };
   /** The box's backup context (its record's): kept in the metadata and indexed (common/snapshot-index.ts). */
   context?: BackupContext | null | undefined;
+  /** The directory snapshotted; WORKSPACE unless a test or bench points boxd at another. */
+  path?: string | undefined;
 }
 
 /**
@@ -56,27 +58,29 @@ export async function takeSnapshot(r: SnapshotRequest): Promise<SnapshotMetadata
   const id = newSnapshotId(r.box.session_id, r.createdAt, r.expiresAt);
   // The store first: one that does not answer fails fast (its deadline), before any byte moves.
   await r.store.check();
-  // Plain tar: boxd only reads files (sendfile), compression happens here.
-  const tar = await r.boxd.readArchive(r.target, WORKSPACE, false, r.signal, { maxBytes: r.limits.bytes, maxEntries: r.limits.entries });
-  const compression = new WorkspaceCompression(r.limits.bytes + UPLOAD_SLACK(r.limits.bytes));
+  const compression = new WorkspaceCompression({
+    boxd: r.boxd,
+    target: r.target,
+    signal: r.signal,
+    path: r.path ?? WORKSPACE,
+    limits: r.limits,
+    maxBytes: r.limits.bytes + UPLOAD_SLACK(r.limits.bytes),
+  });
   const workspaceKey = r.store.key(snapshotKey(r.pool, id, WORKSPACE_OBJECT));
   let stored: { bytes: number; sha256: string };
-  // An archive cut short (boxd ends the response without its final chunk on a failure) fails
-  // the feed, and with it the parts and so the upload: a truncated archive is never stored.
-  const fed = compression.feed(tar);
-  fed.catch(() => undefined); // its failure reaches the upload through the parts
   try {
+    // boxd's answer first: a refusal (a tree over the limits, a fence) fails before any upload starts.
+    await compression.opened;
+    // An archive cut short (boxd ends the response without its final chunk on a failure) fails
+    // the worker, and with it the parts and so the upload: a truncated archive is never stored.
     await r.store.uploadParts(workspaceKey, compression.parts(), {
       contentType: 'application/zstd',
       signal: r.signal,
       stop: () => compression.close(new Error('the upload failed')),
     });
-    await fed;
     stored = await compression.result;
   } finally {
-    compression.close(new Error('the snapshot ended'));
-    tar.destroy(); // after a failure, releases boxd's stream
-    await fed.catch(() => undefined); // no longer copying into the input slots
+    compression.close(new Error('the snapshot ended')); // after a failure, releases boxd's stream
     await compression.release();
   }
   const metadata: SnapshotMetadata = {
@@ -106,95 +110,61 @@ export async function takeSnapshot(r: SnapshotRequest): Promise<SnapshotMetadata
   return metadata;
 }
 
-/** The compressor's input slots: boxd's tar is copied into these (a few socket reads each). */
-const INPUT_SLOTS = 3;
-const INPUT_BYTES = 1024 * 1024;
 /**
- * What one snapshot's compression holds at most, whatever the workspace's size: the shared slots
- * (INPUT_SLOTS of INPUT_BYTES and PARTS_IN_FLIGHT + 1 parts) and the worker (its isolate, and
- * zstd's output buffers until its GC frees them: ~35 MiB measured, bench/results/snapshots.md).
+ * What one snapshot's compression holds at most, whatever the workspace's size: the part slots
+ * (PARTS_IN_FLIGHT + 1 parts, shared with the worker) and the worker (its isolate, boxd's socket
+ * reads and zstd's output buffers until its GC frees them; measured, bench/results/snapshots.md).
  * The bridge reserves it from its memory budget before a snapshot starts.
  */
-export const COMPRESSION_MEMORY_BYTES = INPUT_SLOTS * INPUT_BYTES + (PARTS_IN_FLIGHT + 1) * PART_SIZE + 48 * 1024 * 1024;
-/** The slots of the last compression that ended, for the next one within SPARE_SLOTS_MS. */
-let spareSlots: { input: SharedArrayBuffer; output: SharedArrayBuffer } | undefined;
-let spareTimer: NodeJS.Timeout | undefined;
-const SPARE_SLOTS_MS = 30_000;
-const WORKER_FILE = new URL(`./snapshot-compress-worker.${import.meta.url.endsWith('.ts') ? 'ts' : 'js'}`, import.meta.url);
+export const COMPRESSION_MEMORY_BYTES = (PARTS_IN_FLIGHT + 1) * PART_SIZE + 48 * 1024 * 1024;
 
 /**
- * A workspace tar compressed (zstd, ZSTD_LEVEL), counted and hashed in a worker thread
- * (common/snapshot-compress-worker.ts says why) into parts for the store's uploadParts. Memory:
- * INPUT_SLOTS of INPUT_BYTES and PARTS_IN_FLIGHT + 1 parts, shared with the worker, the worker's
- * isolate and zstd's output buffers until the worker's GC frees them (~35 MiB), whatever the
- * workspace's size; boxd's tar is read only as fast as the upload takes the parts.
+ * boxd's archive of a workspace, read, compressed (zstd, ZSTD_LEVEL), counted and hashed in a
+ * worker thread (common/snapshot-worker.ts says why) into parts for the store's uploadParts.
+ * The archive is read only as fast as the upload takes the parts. Memory: PARTS_IN_FLIGHT + 1
+ * parts, shared with the worker, and the worker (COMPRESSION_MEMORY_BYTES), whatever the
+ * workspace's size.
  */
 export class WorkspaceCompression {
-  /** The compressed size and SHA-256 once every part was produced; rejects with the compression's failure. */
+  /** The compressed size and SHA-256 once every part was produced; rejects with the snapshot's failure. */
   readonly result: Promise<{ bytes: number; sha256: string }>;
-  private readonly worker: Worker;
-  private readonly input: SharedArrayBuffer;
+  /** Resolves once boxd answered 200 (its archive begins), rejects with its refusal or any failure before. */
+  readonly opened: Promise<void>;
+  private readonly worker: SnapshotWorker;
   private readonly output: SharedArrayBuffer;
-  private readonly freeInputs: number[] = [];
   private readonly ready: Array<{ slot: number; n: number }> = [];
   private finished = false;
-  private failure: Error | undefined;
-  private readonly settle: { resolve: (v: { bytes: number; sha256: string }) => void; reject: (err: Error) => void };
-  /** feed() and parts() waiting for the worker. */
-  private waiting: Array<() => void> = [];
 
-  constructor(maxBytes: number) {
-    const slots = spareSlots ?? { input: new SharedArrayBuffer(INPUT_SLOTS * INPUT_BYTES), output: new SharedArrayBuffer((PARTS_IN_FLIGHT + 1) * PART_SIZE) };
-    spareSlots = undefined;
-    this.input = slots.input;
-    this.output = slots.output;
-    for (let i = 0; i < INPUT_SLOTS; i++) this.freeInputs.push(i);
-    const setup: CompressSetup = { input: this.input, inputBytes: INPUT_BYTES, output: this.output, partBytes: PART_SIZE, maxBytes, level: ZSTD_LEVEL };
-    // A small heap: with the default's, the profile script's peak RSS was 248 MiB instead of 200.
-    // (zstd's output buffers are external memory: V8 frees them after ~35 MiB whatever this.)
-    this.worker = new Worker(WORKER_FILE, { workerData: setup, resourceLimits: { maxYoungGenerationSizeMb: 1, maxOldGenerationSizeMb: 64 } });
-    let settle!: WorkspaceCompression['settle'];
+  constructor(r: { boxd: BoxdClient; target: BoxdTarget; signal?: AbortSignal | undefined; path: string; limits: { bytes: number; entries: number }; maxBytes: number }) {
+    const settings = boxdSettings(r.boxd);
+    this.output = sharedSlots((PARTS_IN_FLIGHT + 1) * PART_SIZE);
+    // Plain tar: boxd only reads files (sendfile), compression happens in the worker.
+    const request = archiveReadRequest(r.target, settings.port, r.path, false, { maxBytes: r.limits.bytes, maxEntries: r.limits.entries });
+    const setup: SnapshotSetup = { role: 'snapshot', call: workerCall(request, settings), output: this.output, partBytes: PART_SIZE, maxBytes: r.maxBytes, level: ZSTD_LEVEL };
+    let settle!: { resolve: (v: { bytes: number; sha256: string }) => void; reject: (err: Error) => void };
     this.result = new Promise((resolve, reject) => (settle = { resolve, reject }));
     this.result.catch(() => undefined); // read by takeSnapshot only after a complete upload
-    this.settle = settle;
-    const fail = (err: Error) => this.close(err);
-    this.worker.on('message', (m: FromCompressor) => {
-      if (m.t === 'in-free') this.freeInputs.push(m.slot);
-      else if (m.t === 'part') this.ready.push({ slot: m.slot, n: m.n });
-      else if (m.t === 'done') {
-        this.finished = true;
-        this.settle.resolve({ bytes: m.bytes, sha256: m.sha256 });
-        void this.worker.terminate();
-      } else if (m.t === 'too-large') fail(new BridgeError('payload_too_large', `the snapshot is larger than its limit of ${maxBytes} bytes`));
-      else fail(new BridgeError('internal_error', `compressing the snapshot failed: ${m.message}`));
-      this.notify();
-    });
-    this.worker.on('error', (err) => fail(err));
-    this.worker.on('exit', () => fail(new Error('the snapshot compressor stopped')));
-  }
-
-  /** Copies the tar into the input slots, each handed to the worker once full; then ends it. Rejects (and fails the parts) if the tar fails. */
-  async feed(tar: Readable): Promise<void> {
-    try {
-      let slot = await this.freeInput();
-      let filled = 0;
-      for await (const chunk of tar as AsyncIterable<Buffer>) {
-        for (let at = 0; at < chunk.length; ) {
-          const n = chunk.copy(Buffer.from(this.input, slot * INPUT_BYTES + filled, INPUT_BYTES - filled), 0, at);
-          filled += n;
-          at += n;
-          if (filled < INPUT_BYTES) continue;
-          this.post({ t: 'in', slot, n: filled });
-          slot = await this.freeInput();
-          filled = 0;
-        }
-      }
-      if (filled > 0) this.post({ t: 'in', slot, n: filled });
-      this.post({ t: 'end' });
-    } catch (err) {
-      this.close(err as Error);
-      throw err;
-    }
+    let open!: { resolve: () => void; reject: (err: Error) => void };
+    this.opened = new Promise((resolve, reject) => (open = { resolve, reject }));
+    this.opened.catch(() => undefined);
+    this.worker = new SnapshotWorker(
+      setup,
+      this.output,
+      { target: r.target, settings, signal: r.signal },
+      (m) => {
+        if (m.t === 'open') open.resolve();
+        else if (m.t === 'part') this.ready.push({ slot: m.slot, n: m.n });
+        else if (m.t === 'done') {
+          this.finished = true;
+          this.worker.finish();
+          settle.resolve({ bytes: m.bytes, sha256: m.sha256 });
+        } else if (m.t === 'too-large') this.close(new BridgeError('payload_too_large', `the snapshot is larger than its limit of ${r.maxBytes} bytes`));
+      },
+      (err) => {
+        open.reject(err);
+        settle.reject(err);
+      },
+    );
   }
 
   /** The compressed parts in order, each on the worker's part slot it was filled in; done() gives the slot back. */
@@ -202,118 +172,130 @@ export class WorkspaceCompression {
     for (;;) {
       const next = this.ready.shift();
       if (next) {
-        yield { data: Buffer.from(this.output, next.slot * PART_SIZE, next.n), done: () => this.post({ t: 'free', slot: next.slot }) };
+        yield { data: Buffer.from(this.output, next.slot * PART_SIZE, next.n), done: () => this.worker.post({ t: 'free', slot: next.slot }) };
         continue;
       }
-      if (this.failure) throw this.failure;
+      if (this.worker.failure) throw this.worker.failure;
       if (this.finished) return;
-      await new Promise<void>((resolve) => this.waiting.push(resolve));
+      await this.worker.wait();
     }
   }
 
-  /**
-   * Once the worker has stopped, keeps the slots a while for the next compression: freed only
-   * by a full GC of the caller's heap, which is now rare, the slots of one snapshot after
-   * another would pile up (bench: the bridge's peak RSS). Call it only once nothing reads or
-   * fills them any more: the feed and the upload have ended.
-   */
-  async release(): Promise<void> {
-    await this.worker.terminate();
-    if (spareSlots) return;
-    spareSlots = { input: this.input, output: this.output };
-    clearTimeout(spareTimer);
-    spareTimer = setTimeout(() => (spareSlots = undefined), SPARE_SLOTS_MS).unref();
+  /** Keeps the part slots for the next snapshot; only once the upload no longer reads them. */
+  release(): Promise<void> {
+    return this.worker.release();
   }
 
-  /** Stops the worker (a no-op once it has finished): a feed or parts waiting on it fail with err. */
+  /** Stops the worker (a no-op once it has finished): parts() waiting on it fails with err. */
   close(err: Error): void {
-    if (this.finished || this.failure) return;
-    this.failure = err;
-    this.settle.reject(err);
-    void this.worker.terminate();
-    this.notify();
+    this.worker.close(err);
   }
+}
 
-  private async freeInput(): Promise<number> {
+/** The restore worker's input slots: the stored bytes are copied into these (a few socket reads each); one is held back until the check. */
+const RESTORE_SLOTS = 4;
+const RESTORE_SLOT_BYTES = 1024 * 1024;
+/**
+ * What one restore holds at most: its input slots and the worker (its isolate, decompression's
+ * output and the socket writes to boxd until its GC frees them; measured, bench/results/snapshots.md).
+ */
+export const RESTORE_MEMORY_BYTES = RESTORE_SLOTS * RESTORE_SLOT_BYTES + 40 * 1024 * 1024;
+
+export interface RestoreRequest {
+  boxd: BoxdClient;
+  target: BoxdTarget;
+  signal?: AbortSignal | undefined;
+  metadata: Pick<SnapshotMetadata, 'compression' | 'sha256' | 'size'>;
+  /** The stored workspace object's bytes (the store's stream); consumed or destroyed here. */
+  body: Readable;
+  /** Where it goes in the box (WORKSPACE) and boxd's limits for the archive. */
+  path: string;
+  limits: { bytes: number; entries: number };
+  /** The directory ends up holding exactly the snapshot (boxd swaps once the whole archive was accepted). */
+  replace?: boolean | undefined;
+}
+
+/**
+ * A stored workspace into the box: its bytes are copied into shared slots here, and a worker
+ * thread (common/snapshot-worker.ts) counts and hashes them against the metadata's size and
+ * SHA-256, decompresses them (zstd, or gzip for snapshots taken before) and sends boxd the plain
+ * tar. The last slot is held back until the check has passed, so on a mismatch boxd's body never
+ * ends and boxd, which commits an extraction only once its body has ended cleanly, changes
+ * nothing. Resolves with boxd's answer and the stored bytes read.
+ */
+export async function restoreWorkspace(r: RestoreRequest): Promise<{ written: { path: string; entries: number; bytes: number }; stored: number }> {
+  const settings = boxdSettings(r.boxd);
+  const input = sharedSlots(RESTORE_SLOTS * RESTORE_SLOT_BYTES);
+  const request = archiveWriteRequest(r.target, settings.port, r.path, { maxBytes: r.limits.bytes, maxEntries: r.limits.entries, replace: r.replace });
+  const setup: RestoreSetup = {
+    role: 'restore',
+    call: workerCall(request, settings),
+    input,
+    inputBytes: RESTORE_SLOT_BYTES,
+    compression: r.metadata.compression === 'zstd' ? 'zstd' : 'gzip',
+    expect: { size: r.metadata.size, sha256: r.metadata.sha256 },
+    chunkBytes: CHUNK_BYTES,
+  };
+  const free = Array.from({ length: RESTORE_SLOTS }, (_, i) => i);
+  let settle!: { resolve: (v: { path: string; entries: number; bytes: number }) => void; reject: (err: Error) => void };
+  const written = new Promise<{ path: string; entries: number; bytes: number }>((resolve, reject) => (settle = { resolve, reject }));
+  written.catch(() => undefined);
+  const worker: SnapshotWorker = new SnapshotWorker(
+    setup,
+    input,
+    { target: r.target, settings, signal: r.signal },
+    (m) => {
+      if (m.t === 'in-free') free.push(m.slot);
+      else if (m.t === 'mismatch') worker.close(new BridgeError('internal_error', 'the stored snapshot does not match its checksum; nothing was restored'));
+      else if (m.t === 'written') {
+        try {
+          settle.resolve(JSON.parse(m.body) as { path: string; entries: number; bytes: number });
+          worker.finish();
+        } catch {
+          worker.close(new BridgeError('internal_error', `box ${r.target.box} answered the restore with something other than JSON`));
+        }
+      }
+    },
+    (err) => {
+      settle.reject(err);
+      r.body.destroy(); // ends a wait for the store's next bytes
+    },
+  );
+  const slot = async (): Promise<number> => {
     for (;;) {
-      const slot = this.freeInputs.shift();
-      if (slot !== undefined) return slot;
-      if (this.failure) throw this.failure;
-      await new Promise<void>((resolve) => this.waiting.push(resolve));
+      const s = free.shift();
+      if (s !== undefined) return s;
+      if (worker.failure) throw worker.failure;
+      await worker.wait();
     }
-  }
-
-  private post(m: ToCompressor): void {
-    if (!this.failure) this.worker.postMessage(m);
-  }
-
-  private notify(): void {
-    const waiting = this.waiting;
-    this.waiting = [];
-    for (const wake of waiting) wake();
-  }
-}
-
-/** How a workspace tar is compressed for the store (workspaceReader undoes it). */
-export function workspaceCompressor(): Transform {
-  return createZstdCompress({
-    chunkSize: CHUNK_BYTES,
-    params: { [zlib.ZSTD_c_compressionLevel]: ZSTD_LEVEL, [zlib.ZSTD_c_checksumFlag]: 1 },
-  });
-}
-
-/**
- * A stored workspace as boxd takes it, a plain tar: the stored bytes (body) checked against the
- * metadata's size and digest, then decompressed (zstd, or gzip for snapshots taken before). The
- * check holds the stored stream's last chunk back until it has passed, so on a mismatch the tar
- * fails before it ends, and boxd, which commits an extraction only once its body has ended
- * cleanly, changes nothing. `stored` counts the stored bytes read so far.
- */
-export function workspaceReader(metadata: Pick<SnapshotMetadata, 'compression' | 'sha256' | 'size'>, body: Readable): { tar: Readable; stored: Meter } {
-  const stored = new Meter({ sha256: metadata.sha256, size: metadata.size });
-  const tar = metadata.compression === 'zstd' ? createZstdDecompress({ chunkSize: CHUNK_BYTES }) : createGunzip({ chunkSize: CHUNK_BYTES });
-  pipeline(body, stored, tar, () => undefined);
-  return { tar, stored };
-}
-
-/**
- * Counts and hashes the bytes passing through, failing past maxBytes. Given the expected digest
- * and size it verifies them, holding the last chunk back until it has: on a mismatch the stream
- * fails before its end reaches boxd, which then sees an incomplete body and changes nothing.
- */
-export class Meter extends Transform {
-  bytes = 0;
-  private readonly hash = createHash('sha256');
-  private held: Buffer | undefined;
-  private hex: string | undefined;
-
-  constructor(private readonly expect: { sha256?: string; size?: number; maxBytes?: number } = {}) {
-    super();
-  }
-
-  override _transform(chunk: Buffer, _enc: BufferEncoding, done: TransformCallback): void {
-    this.bytes += chunk.length;
-    if (this.expect.maxBytes !== undefined && this.bytes > this.expect.maxBytes) {
-      return done(new BridgeError('payload_too_large', `the snapshot is larger than its limit of ${this.expect.maxBytes} bytes`));
+  };
+  let stored = 0;
+  try {
+    let at = await slot();
+    let filled = 0;
+    for await (const chunk of r.body as AsyncIterable<Buffer>) {
+      stored += chunk.length;
+      for (let from = 0; from < chunk.length; ) {
+        const n = chunk.copy(Buffer.from(input, at * RESTORE_SLOT_BYTES + filled, RESTORE_SLOT_BYTES - filled), 0, from);
+        filled += n;
+        from += n;
+        if (filled < RESTORE_SLOT_BYTES) continue;
+        worker.post({ t: 'in', slot: at, n: filled });
+        at = await slot();
+        filled = 0;
+      }
     }
-    this.hash.update(chunk);
-    if (this.expect.sha256 === undefined) return done(null, chunk);
-    const previous = this.held;
-    this.held = chunk;
-    done(null, previous);
-  }
-
-  override _flush(done: TransformCallback): void {
-    this.hex = this.hash.digest('hex');
-    if (this.expect.sha256 === undefined) return done();
-    if (this.hex !== this.expect.sha256 || this.bytes !== this.expect.size) {
-      return done(new BridgeError('internal_error', 'the stored snapshot does not match its checksum; nothing was restored'));
-    }
-    done(null, this.held);
-  }
-
-  digest(): string {
-    return this.hex ?? this.hash.copy().digest('hex');
+    if (filled > 0) worker.post({ t: 'in', slot: at, n: filled });
+    worker.post({ t: 'end' });
+    return { written: await written, stored };
+  } catch (err) {
+    // The worker's failure if it failed (boxd's refusal, the check); else the store's read broke off.
+    worker.close(r.signal?.aborted ? (r.signal.reason as Error) : storeError('read', err));
+    throw worker.failure ?? err;
+  } finally {
+    worker.close(new Error('the restore ended'));
+    r.body.destroy();
+    await worker.release();
   }
 }
 

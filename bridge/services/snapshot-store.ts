@@ -6,7 +6,7 @@ import type { EnvSealer } from '../../common/env-seal.js';
 import { BridgeError } from '../../common/errors.js';
 import type { ObjectStore } from '../../common/object-store.js';
 import { parseQuantity } from '../../common/quantity.js';
-import { WORKSPACE, restoreLimits, snapshotLimits, workspaceReader } from '../../common/snapshot-writer.js';
+import { WORKSPACE, restoreLimits, restoreWorkspace, snapshotLimits } from '../../common/snapshot-writer.js';
 import { METADATA_OBJECT, WORKSPACE_OBJECTS, parseSnapshotId, snapshotKey, workspaceObject, type SnapshotMetadata } from '../../common/snapshots.js';
 import type { PolicySource } from '../kube/policy.js';
 import type { BoxCall } from './box-connector.js';
@@ -41,9 +41,8 @@ export class SnapshotStore {
     return Boolean(this.deps.store && this.deps.sealer);
   }
 
-  /** Streams the snapshot's workspace from the store into the box, checked against its digest. */
   /** The snapshot's workspace into the box: merged, or with `replace` exactly the snapshot's. */
-  async restoreInto({ target, signal }: Pick<BoxCall, 'target' | 'signal'>, metadata: SnapshotMetadata, opts: { replace?: boolean } = {}): Promise<{ entries: number; bytes: number }> {
+  async restoreInto({ target, signal }: Pick<BoxCall, 'target' | 'signal'>, metadata: SnapshotMetadata, opts: { replace?: boolean; path?: string } = {}): Promise<{ entries: number; bytes: number }> {
     const { store } = this.configured();
     const id = parseSnapshotId(metadata.snapshot_id)!;
     const limits = restoreLimits(metadata, snapshotLimits(this.deps.policy.current(), parseQuantity));
@@ -52,20 +51,18 @@ export class SnapshotStore {
     try {
       const object = await store.getStream(store.key(snapshotKey(this.pool, id, workspaceObject(metadata))), signal);
       if (!object) throw new BridgeError('not_found', `snapshot ${metadata.snapshot_id} not found (deleted while restoring)`);
-      // Checked against its digest and decompressed: boxd gets a plain tar.
-      const { tar, stored } = workspaceReader(metadata, object.body);
-      let written: { entries: number; bytes: number };
-      try {
-        written = await this.deps.boxd.writeArchive(target, WORKSPACE, tar, {
-          maxBytes: limits.bytes,
-          maxEntries: limits.entries,
-          signal,
-          ...(opts.replace ? { replace: true } : {}),
-        });
-      } finally {
-        tar.destroy(); // after a refusal, releases the store's stream too (pipeline)
-      }
-      bytes = stored.bytes;
+      // Checked against its digest and decompressed (in a worker thread): boxd gets a plain tar.
+      const { written, stored } = await restoreWorkspace({
+        boxd: this.deps.boxd,
+        target,
+        signal,
+        metadata,
+        body: object.body,
+        path: opts.path ?? WORKSPACE,
+        limits,
+        replace: opts.replace,
+      });
+      bytes = stored;
       this.deps.onRestored?.('ok', (performance.now() - started) / 1000, bytes);
       return { entries: written.entries, bytes: written.bytes };
     } catch (err) {
