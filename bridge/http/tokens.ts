@@ -54,8 +54,16 @@ export type TokenEntry = z.infer<typeof TokenEntry>;
 
 const digest = (value: string) => createHash('sha256').update(value, 'utf8').digest('hex');
 
-/** The accepted tokens, by digest. */
+/**
+ * The accepted tokens, by digest. A presented value that was a token is remembered as it is, so
+ * a client's next request costs a map lookup instead of a SHA-256 (4% of an exec's CPU under
+ * load, bench/results/exec-profile.md). Only accepted values are kept: at most one per token
+ * (no two values share a digest), so nothing a caller sends can grow it. A reload makes a new
+ * set, so a removed token is forgotten with its set.
+ */
 export class TokenSet {
+  private readonly accepted = new Map<string, Token>();
+
   private constructor(private readonly byDigest: ReadonlyMap<string, Token>) {}
 
   /** Throws an Error naming every problem (duplicate names or tokens, bad fields). */
@@ -76,7 +84,11 @@ export class TokenSet {
   }
 
   identify(presented: string): Token | undefined {
-    return this.byDigest.get(digest(presented));
+    const known = this.accepted.get(presented);
+    if (known) return known;
+    const token = this.byDigest.get(digest(presented));
+    if (token && this.accepted.size < this.byDigest.size) this.accepted.set(presented, token);
+    return token;
   }
 
   names(): string[] {
