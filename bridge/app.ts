@@ -14,7 +14,7 @@ import type { BridgeMetrics } from './metrics.js';
 import { openApiDocument } from './openapi.js';
 import { boxRoutes } from './routes/boxes.js';
 import { clusterRoutes } from './routes/cluster.js';
-import { execRoutes } from './routes/exec.js';
+import { execRoute, execRoutes } from './routes/exec.js';
 import { fileRoutes } from './routes/files.js';
 import { platformRoutes } from './routes/platform.js';
 import { egressRoutes } from './routes/egress.js';
@@ -111,7 +111,8 @@ export function createApp(deps: AppDeps): Express {
   api.get('/openapi.json', (_req, res) => {
     res.json(document);
   });
-  // Exec first: the busiest route (none of these routers' paths overlap).
+  // Exec first: the busiest route, on this router itself (none of these routes' paths overlap).
+  api.post('/boxes/:id/exec', ...execRoute(deps));
   api.use('/boxes', execRoutes(deps), boxRoutes(deps), fileRoutes(deps));
   api.use(snapshotRoutes(deps));
   api.use(platformRoutes(deps));

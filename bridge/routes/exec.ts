@@ -11,14 +11,14 @@ import { boxIdParam, jsonBody, parse } from '../http/parse.js';
 
 const ACCEPTS_NDJSON = /ndjson/i;
 
-export function execRoutes(deps: { exec: ExecService; processes: ProcessService }): Router {
-  const { exec, processes } = deps;
-  const router = Router();
-  const json = jsonBody(1024 * 1024);
-  const raw = express.raw({ type: () => true, limit: '1mb' });
-  const processId = (req: express.Request) => String(req.params.pid);
-
-  router.post('/:id/exec', json, async (req, res) => {
+/**
+ * POST /boxes/:id/exec, the busiest route: its body parser and handler, for the api router to
+ * mount itself (one router level fewer than a router mounted at /boxes: express walks each
+ * level's layers and rewrites req.url in and out of it on every request).
+ */
+export function execRoute(deps: { exec: ExecService }): express.RequestHandler[] {
+  const { exec } = deps;
+  const handler: express.RequestHandler = async (req, res) => {
     const body = parse(ExecRequest, req.body ?? {});
     // Content negotiation only when the caller's Accept names NDJSON at all (else it cannot win).
     if (!(ACCEPTS_NDJSON.test(req.headers.accept ?? '') && wantsNdjson(req))) {
@@ -63,7 +63,17 @@ export function execRoutes(deps: { exec: ExecService; processes: ProcessService 
     } catch (err) {
       out.end(err);
     }
-  });
+  };
+  return [jsonBody(1024 * 1024), handler];
+}
+
+/** Background processes in a box (mounted at /boxes). */
+export function execRoutes(deps: { processes: ProcessService }): Router {
+  const { processes } = deps;
+  const router = Router();
+  const json = jsonBody(1024 * 1024);
+  const raw = express.raw({ type: () => true, limit: '1mb' });
+  const processId = (req: express.Request) => String(req.params.pid);
 
   router.post('/:id/processes', json, async (req, res) => {
     res.status(201).json(await processes.start(boxIdParam(req), parse(StartProcessRequest, req.body ?? {})));
