@@ -184,6 +184,7 @@ export async function startBridge(config: Config, options: StartOptions = {}): P
     policy,
     store,
     sealer: sealKeys.length ? new EnvSealer(sealKeys) : undefined,
+    budget,
     onRestored: (outcome, seconds, bytes) => {
       metrics.snapshotDuration.observe({ operation: 'restore', outcome }, seconds);
       metrics.snapshotBytes.inc({ operation: 'restore' }, bytes);

@@ -112,11 +112,13 @@ export async function takeSnapshot(r: SnapshotRequest): Promise<SnapshotMetadata
 
 /**
  * What one snapshot's compression holds at most, whatever the workspace's size: the part slots
- * (PARTS_IN_FLIGHT + 1 parts, shared with the worker) and the worker (its isolate, boxd's socket
- * reads and zstd's output buffers until its GC frees them; measured, bench/results/snapshots.md).
- * The bridge reserves it from its memory budget before a snapshot starts.
+ * (PARTS_IN_FLIGHT + 1 parts, shared with the worker) and the worker: its isolate, boxd's socket
+ * reads and zstd's output buffers until its GC frees them (external memory, freed only after some
+ * tens of MiB of it). Measured: a process's peak RSS over its idle level during its first 210 MB
+ * snapshot, +88 to +97 MiB in four runs (bench/results/snapshots.md, Notes). The bridge reserves
+ * it from its memory budget before a snapshot starts.
  */
-export const COMPRESSION_MEMORY_BYTES = (PARTS_IN_FLIGHT + 1) * PART_SIZE + 48 * 1024 * 1024;
+export const COMPRESSION_MEMORY_BYTES = (PARTS_IN_FLIGHT + 1) * PART_SIZE + 64 * 1024 * 1024;
 
 /**
  * boxd's archive of a workspace, read, compressed (zstd, ZSTD_LEVEL), counted and hashed in a
@@ -196,10 +198,12 @@ export class WorkspaceCompression {
 const RESTORE_SLOTS = 4;
 const RESTORE_SLOT_BYTES = 1024 * 1024;
 /**
- * What one restore holds at most: its input slots and the worker (its isolate, decompression's
- * output and the socket writes to boxd until its GC frees them; measured, bench/results/snapshots.md).
+ * What one restore holds at most: its input slots, the store's stream feeding them, and the worker
+ * (its isolate, decompression's output and the socket writes to boxd until its GC frees them).
+ * Measured like COMPRESSION_MEMORY_BYTES: +48 to +71 MiB over the idle level during a 210 MB
+ * restore (bench/results/snapshots.md, Notes). The bridge reserves it before a restore or wake reads the store.
  */
-export const RESTORE_MEMORY_BYTES = RESTORE_SLOTS * RESTORE_SLOT_BYTES + 40 * 1024 * 1024;
+export const RESTORE_MEMORY_BYTES = RESTORE_SLOTS * RESTORE_SLOT_BYTES + 68 * 1024 * 1024;
 
 export interface RestoreRequest {
   boxd: BoxdClient;

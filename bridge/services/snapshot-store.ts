@@ -6,10 +6,11 @@ import type { EnvSealer } from '../../common/env-seal.js';
 import { BridgeError } from '../../common/errors.js';
 import type { ObjectStore } from '../../common/object-store.js';
 import { parseQuantity } from '../../common/quantity.js';
-import { WORKSPACE, restoreLimits, restoreWorkspace, snapshotLimits } from '../../common/snapshot-writer.js';
+import { RESTORE_MEMORY_BYTES, WORKSPACE, restoreLimits, restoreWorkspace, snapshotLimits } from '../../common/snapshot-writer.js';
 import { METADATA_OBJECT, WORKSPACE_OBJECTS, parseSnapshotId, snapshotKey, workspaceObject, type SnapshotMetadata } from '../../common/snapshots.js';
 import type { PolicySource } from '../kube/policy.js';
 import type { BoxCall } from './box-connector.js';
+import type { ByteBudget } from './byte-budget.js';
 
 export interface SnapshotStoreDeps {
   boxd: BoxdClient;
@@ -18,6 +19,8 @@ export interface SnapshotStoreDeps {
   store: ObjectStore | undefined;
   sealer: EnvSealer | undefined;
   onRestored?: (outcome: 'ok' | 'error', seconds: number, bytes: number) => void;
+  /** The replica's memory budget: a restore holds RESTORE_MEMORY_BYTES of it while it runs (none: not counted). */
+  budget?: Pick<ByteBudget, 'reserve'> | undefined;
 }
 
 export class SnapshotStore {
@@ -46,6 +49,8 @@ export class SnapshotStore {
     const { store } = this.configured();
     const id = parseSnapshotId(metadata.snapshot_id)!;
     const limits = restoreLimits(metadata, snapshotLimits(this.deps.policy.current(), parseQuantity));
+    // Before anything starts: a replica out of memory for it answers 503 at once, the box untouched.
+    const hold = this.deps.budget?.reserve(RESTORE_MEMORY_BYTES, 'snapshot', 'a restore');
     const started = performance.now();
     let bytes = 0;
     try {
@@ -68,6 +73,8 @@ export class SnapshotStore {
     } catch (err) {
       this.deps.onRestored?.('error', (performance.now() - started) / 1000, bytes);
       throw err;
+    } finally {
+      hold?.release();
     }
   }
 
