@@ -9,7 +9,7 @@
 // hold seats of their own, made by the operator (common/seats.ts): a claim keeps the pod's seat.
 import * as k8s from '@kubernetes/client-node';
 import { BridgeError } from '../../common/errors.js';
-import { LABELS, MANAGED_BY, SECRET_COMPONENTS, seatName } from '../../common/labels.js';
+import { LABELS, MANAGED_BY, SECRET_COMPONENTS, seatName, seatNumberOf } from '../../common/labels.js';
 import { adoptionPatch, isWarmSeatOf, ownedBy, recordOwner } from '../../common/seats.js';
 import type { KubeCall } from './instrument.js';
 
@@ -65,6 +65,22 @@ export class BoxSeats {
       }
     }
     return undefined;
+  }
+
+  /**
+   * The seats the API server holds now (one list of the pool's seat Secrets: records' seats and
+   * warm seats): what a create reads before answering that the pool is full, since this
+   * replica's watch may still show seats freed meanwhile.
+   */
+  async liveHeld(poolName: string): Promise<Set<number>> {
+    const selector = `${LABELS.component} in (${SECRET_COMPONENTS.seat},${SECRET_COMPONENTS.credential}),${LABELS.pool}=${poolName}`;
+    const list = await this.call('list box seats', () => this.core.listNamespacedSecret({ namespace: this.namespace, labelSelector: selector }));
+    const held = new Set<number>();
+    for (const s of list.items) {
+      const n = seatNumberOf(s.metadata?.name);
+      if (n !== undefined) held.add(n);
+    }
+    return held;
   }
 
   /**

@@ -227,6 +227,7 @@ export class BoxService {
     const seat = await takeSeat(
       {
         held: () => this.heldSeats(),
+        liveHeld: () => this.deps.seats.liveHeld(poolName),
         take: (held) => this.deps.seats.take(poolName, spec.maxBoxes, held, record),
         spares: () => this.deps.cache.spares(poolName, warmTemplateHash(spec, this.deps.boxdImage)),
         giveUp: (pod) => this.giveUp(pod),

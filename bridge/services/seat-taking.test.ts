@@ -9,6 +9,7 @@ function pool(max: number, o: { apiSeats: Map<number, string>; cachePods: k8s.V1
   const sleeps: number[] = [];
   const io: SeatIo = {
     held: () => new Set(o.cachePods.map((p) => Number(p.metadata!.labels![LABELS.seat]))),
+    liveHeld: async () => new Set(o.apiSeats.keys()),
     take: async (held) => {
       for (let n = 0; n < max; n++) {
         if (held.has(n) || o.apiSeats.has(n)) continue;
@@ -68,6 +69,15 @@ describe('takeSeat', () => {
     const apiSeats = new Map([[0, 'box-a'], [1, 'box-b']]);
     const { io, sleeps } = pool(2, { apiSeats, cachePods: [warm('box-a', 0), warm('box-b', 1)], giveUp: () => 'deleted' });
     expect(await takeSeat(io, 2)).toBeUndefined();
+    expect(sleeps).toEqual([]);
+  });
+
+  test("a seat the cache still shows held but the API server freed (a box just deleted) is taken, not refused", async () => {
+    // box-b was deleted: its record and seat are gone, its pod still in this replica's cache.
+    const apiSeats = new Map([[0, 'box-a']]);
+    const { io, sleeps } = pool(2, { apiSeats, cachePods: [warm('box-a', 0), warm('box-b', 1)], giveUp: () => 'deleted' });
+    expect(await takeSeat(io, 2)).toBe(1);
+    expect(apiSeats.get(1)).toBe('record');
     expect(sleeps).toEqual([]);
   });
 

@@ -3,7 +3,8 @@
 // and its seat becomes the record's. What this replica's watch shows lags the API server, so
 // some seats it counts as held are coming free: a warm pod the operator just shrank away (gone
 // from the API server, still in the cache), a box just deleted (its seat goes by garbage
-// collection). Those are waited for briefly; a pool really full answers 429 at once.
+// collection). Those are waited for briefly; before a create answers that the pool is full
+// (429), it reads the seats the API server holds and tries any the watch still shows held.
 import type * as k8s from '@kubernetes/client-node';
 import { seatOf } from '../../common/seats.js';
 
@@ -18,6 +19,8 @@ export type GiveUp = 'deleted' | 'changed' | 'gone';
 export interface SeatIo {
   /** Seats held as this replica's watches show them (pods, sleeping boxes). */
   held(): Set<number>;
+  /** Seats as the API server holds them now (one list). */
+  liveHeld(): Promise<Set<number>>;
   /** Takes a free seat, not trying `held`; undefined when those tried were taken. */
   take(held: ReadonlySet<number>): Promise<number | undefined>;
   /** Unclaimed warm pods of the pool as the cache shows them, best to give up first. */
@@ -68,7 +71,11 @@ export async function takeSeat(io: SeatIo, maxBoxes: number): Promise<number | u
     // show yet. Many unseen holders are creates in flight through other replicas: the pool is
     // full, and waiting would not help.
     const unseen = maxBoxes - held().size;
-    if (attempt >= SEAT_RETRIES || (!changed && (unseen <= 0 || unseen > 2))) return undefined;
+    if (attempt >= SEAT_RETRIES || (!changed && (unseen <= 0 || unseen > 2))) {
+      // Full as the watch shows it; the API server may have freed some of those seats already
+      // (a box deleted a moment ago: its seat goes with its record, its pod still in the cache).
+      return io.take(await io.liveHeld());
+    }
     await io.sleep(150 * 2 ** attempt);
   }
 }
