@@ -22,6 +22,7 @@ const SRC = join(root, 'src');
 let boxd: ChildProcess;
 let client: BoxdClient;
 let target: BoxdTarget;
+let boxdPort: number;
 
 async function freePort(): Promise<number> {
   const s = createServer();
@@ -61,6 +62,7 @@ beforeAll(async () => {
     env: { PATH: process.env.PATH, BOXD_PORT: String(port), BOXD_SECRET_DIR: join(home, 'secret'), BOXD_WORKDIR: root, BOXD_MOUNTS_PORT: String(await freePort()) },
     stdio: ['ignore', 'ignore', 'inherit'],
   });
+  boxdPort = port;
   client = new BoxdClient({ port });
   target = { box: 'test-box', ip: '127.0.0.1', token };
   makeTree(SRC);
@@ -204,3 +206,19 @@ test("the caller's signal ends the snapshot with its reason", async () => {
   const { error } = await snapshot({ signal: c.signal });
   expect(error).toBe(reason);
 });
+
+test('a boxd that stops answering fails the call with 503 once its health check goes unanswered (the idle deadline, counted)', async () => {
+  const deadlines: string[] = [];
+  const quick = new BoxdClient({ port: boxdPort, deadlines: { idleMs: 300 }, onDeadline: (d) => deadlines.push(d) });
+  boxd.kill('SIGSTOP'); // the kernel still accepts the connection: the request meets silence
+  const resume = setTimeout(() => boxd.kill('SIGCONT'), 3000); // bounded: a call that never fails then completes
+  try {
+    const { error } = await snapshot({ client: quick });
+    expect(error).toMatchObject({ type: 'cluster_unavailable', message: expect.stringMatching(/stopped answering/) });
+    expect(deadlines).toEqual(['idle']);
+  } finally {
+    clearTimeout(resume);
+    boxd.kill('SIGCONT');
+    quick.close();
+  }
+}, 10_000);
