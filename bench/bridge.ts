@@ -26,6 +26,11 @@
 // On simulated nodes:
 // 5. With BENCH_BOXES box pods on BENCH_NODES simulated nodes: latency of GET /sandboxes (whole,
 //    a page of 100, one session) and GET /boxes/:id/status, and the bridge process's RSS.
+// 6. (BENCH_PARTS=...,rest) RSS at rest with BENCH_BOXES box pods on the simulated nodes the
+//    cluster already has (no scaling): one fresh bridge per build and flag set (the baseline, this
+//    build, each of BENCH_VARIANTS), one after the other, each started with the boxes there (its
+//    initial list) and left BENCH_REST_SECONDS (default 20) after it serves every box: RSS and
+//    peak RSS. Done after the load, whose bridges are stopped first.
 //
 // The bridge runs as its own process (node dist/bridge/main.js) so its RSS and CPU are its own.
 // Results go to bench/results/bridge.md and .json.
@@ -52,6 +57,7 @@ const LOAD_SECONDS = Number(process.env.BENCH_LOAD_SECONDS ?? 60);
 const LOAD_CONCURRENCY = 5;
 const SKIP_READS = process.env.BENCH_SKIP_READS === '1';
 const PARTS = new Set((process.env.BENCH_PARTS ?? 'exec,stream,files,load,reads').split(',').map((p) => p.trim()));
+const REST_SECONDS = Number(process.env.BENCH_REST_SECONDS ?? 20);
 if (SKIP_READS) PARTS.delete('reads');
 const BASELINE = process.env.BENCH_BASELINE;
 const LOAD_ROUNDS = Number(process.env.BENCH_LOAD_ROUNDS ?? 1);
@@ -652,6 +658,44 @@ async function main() {
     } else {
       log('no real node: parts 1-4 (inside boxes) skipped');
       rows.push(['exec, files, load (parts 1-4)', 'skipped: no real node', '']);
+    }
+
+    // 6. RSS at rest with many boxes, per build and flag set
+    if (PARTS.has('rest')) {
+      await Promise.all([baseline, ...variants].map((c) => c && stopChild(c)));
+      const nodes = (await core.listNode({ labelSelector: 'type=kwok' })).items.map((n) => n.metadata!.name!);
+      if (!nodes.length) throw new Error('part rest: the cluster has no simulated (kwok) nodes');
+      log(`rest: creating ${BOXES} box pods on the ${nodes.length} simulated nodes there are`);
+      const createStart = Date.now();
+      await createPods(BOXES, nodes);
+      log(`rest: created in ${((Date.now() - createStart) / 1000).toFixed(1)} s`);
+      await waitForAllBoxes(client);
+      const sets = [
+        ...(BASELINE ? [{ name: 'baseline', root: BASELINE, args: [] as string[] }] : []),
+        { name: 'this build', root: ROOT, args: [] as string[] },
+        // (a profiled variant is left out: the profiler's own memory is not the flags')
+        ...VARIANTS.filter((v) => !v.args.some((a) => a.startsWith('--cpu-prof'))).map((v) => ({ name: `this build ${v.name}`, root: ROOT, args: v.args })),
+      ];
+      const rest: Array<{ name: string; args: string[]; rssMiB: number; peakRssMiB: number; fillSeconds: number }> = [];
+      for (const set of sets) {
+        const startedAt = performance.now();
+        let started: ChildProcess | undefined;
+        try {
+          const b = await startBridgeProcess((c) => (started = c), { root: set.root, args: set.args });
+          await waitForAllBoxes(createBridgeClient({ url: b.url, token, retries: 0 }));
+          const fillSeconds = (performance.now() - startedAt) / 1000;
+          await new Promise((r) => setTimeout(r, REST_SECONDS * 1000));
+          const r = { name: set.name, args: set.args, rssMiB: rssMiB(b.child.pid!), peakRssMiB: rssMiB(b.child.pid!, true), fillSeconds };
+          log(`rest: ${set.name}: RSS ${r.rssMiB.toFixed(0)} MiB, peak ${r.peakRssMiB.toFixed(0)} MiB, serving every box after ${fillSeconds.toFixed(1)} s`);
+          rest.push(r);
+        } finally {
+          if (started) await stopChild(started);
+        }
+      }
+      results.rest = { boxes: BOXES, nodes: nodes.length, seconds: REST_SECONDS, bridges: rest };
+      for (const r of rest) {
+        rows.push([`${r.name}: RSS at rest / peak RSS, started with ${BOXES} boxes (after ${REST_SECONDS} s)`, `${r.rssMiB.toFixed(0)} / ${r.peakRssMiB.toFixed(0)} MiB`, '']);
+      }
     }
 
     // 5. list and status with many boxes on many nodes
