@@ -21,8 +21,8 @@ log() { printf '[cluster:build] %s\n' "$*" >&2; }
 # gobuild NAME VERSION MODULE PKG... : builds the main packages PKG... of MODULE@VERSION into
 # $cache/NAME-VERSION/bin through a throwaway module, so that the target's own replace
 # directives do not get in the way. Extra go.mod lines come through REPLACES, extra linker flags
-# through LDFLAGS. STUB_MODULES names modules the target requires but never imports (and the
-# proxy does not serve): each is replaced with an empty local module.
+# through LDFLAGS, build tags through TAGS. STUB_MODULES names modules the target requires but
+# never imports (and the proxy does not serve): each is replaced with an empty local module.
 gobuild() {
   local name=$1 version=$2 module=$3; shift 3
   local dir="$cache/$name-$version"
@@ -41,7 +41,7 @@ gobuild() {
       done
       go get "$module@$version"
       # One invocation for all binaries: packages they share compile once, in parallel.
-      CGO_ENABLED=0 go build -trimpath -ldflags="-s -w ${LDFLAGS:-}" -o "$dir/bin/" "$@"
+      CGO_ENABLED=0 go build -trimpath -tags="${TAGS:-}" -ldflags="-s -w ${LDFLAGS:-}" -o "$dir/bin/" "$@"
     ) 2>&1 | { grep -v '^go: downloading' >&2 || true; }
     touch "$dir/.done"
   fi
@@ -101,6 +101,14 @@ LDFLAGS="-X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" REPLACES=''
   gobuild gvisor "$GVISOR_VERSION" gvisor.dev/gvisor gvisor.dev/gvisor/runsc gvisor.dev/gvisor/shim
 rm -f "$bin/shim"
 ln -sf "$cache/gvisor-$GVISOR_VERSION/bin/shim" "$bin/containerd-shim-runsc-v1"
+
+# containerd for the real node: the daemon, its runc shim and ctr (images.sh imports with it).
+# Without cgo, so without the snapshotters that need it (btrfs, devmapper, zfs: unused here).
+TAGS=no_btrfs,no_devmapper,no_zfs LDFLAGS="-X github.com/containerd/containerd/v2/version.Version=${CONTAINERD_VERSION#v}" REPLACES='' \
+  gobuild containerd "$CONTAINERD_VERSION" github.com/containerd/containerd/v2 \
+  github.com/containerd/containerd/v2/cmd/containerd \
+  github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr
 
 # Calico: felix (calico-felix) and the CNI plugin (calico). Calico's go.mod replaces its api
 # and lib modules with directories of its own repo and pins the Kubernetes libraries, so the

@@ -47,6 +47,18 @@ stop socat group
 # felix goes first: with the pods gone it would only rewrite rules that are about to be removed.
 stop felix
 
+# The shims' sockets are in /run/containerd/s whatever containerd's state dir, named by a hash of
+# containerd's address, the namespace and the shim's id; a killed shim leaves its socket behind.
+# Named now, from the live shims and the task bundles, before deleting tasks removes the bundles.
+shim_sockets=$({
+  for pid in $(pgrep -f "containerd-shim-run(c-v2|sc-v1) .*-address $CONTAINERD_SOCK" || true); do
+    { tr '\0' ' ' < "/proc/$pid/cmdline"; echo; } 2>/dev/null | sed -n 's/.* -namespace \([^ ]*\) -id \([^ ]*\) .*/\1\/\2/p'
+  done
+  if [ -d "$d/containerd/state/io.containerd.runtime.v2.task" ]; then
+    (cd "$d/containerd/state/io.containerd.runtime.v2.task" && find . -mindepth 2 -maxdepth 2 -type d | sed 's#^\./##')
+  fi
+} | sort -u | while read -r m; do printf '%s' "$CONTAINERD_SOCK/$m" | sha256sum | cut -d' ' -f1; done)
+
 # Containers outlive containerd (their shims are separate processes), so remove them through CRI
 # first: that also releases their CNI addresses and veths.
 if [ -S "$CONTAINERD_SOCK" ] && [ -f "$d/run/containerd.pid" ] && kill -0 "$(cat "$d/run/containerd.pid")" 2>/dev/null; then
@@ -88,7 +100,8 @@ if [ -d "$d" ]; then
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
   done
 fi
-# containerd 1.6 pins pod network namespaces under /run/netns (cni-<uuid>).
+# Pod network namespaces are pinned under containerd's state dir (unmounted above); an older
+# node's (containerd 1.6) were pinned under /run/netns (cni-<uuid>).
 for ns in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do
   # Only namespaces holding an address of our pod subnet are ours.
   if ip -n "$ns" -4 addr show eth0 2>/dev/null | grep -q "inet ${POD_SUBNET%.*}\."; then
@@ -110,8 +123,9 @@ for _ in 1 2 3 4 5; do
 done
 $left && log "WARNING: could not remove all of /sys/fs/cgroup/*/$CGROUP_ROOT"
 
-# containerd 1.6 keeps shim sockets in /run/containerd/s whatever its state dir; drop the dirs
-# only if empty, in case another containerd uses them.
+# The shim sockets named above; the directories go only if empty, in case another containerd
+# uses them.
+for m in $shim_sockets; do rm -f "/run/containerd/s/$m"; done
 rmdir /run/containerd/s /run/containerd/fifo /run/containerd/runc/k8s.io /run/containerd/runc /run/containerd 2>/dev/null || true
 
 if ip link show "$BRIDGE" >/dev/null 2>&1; then

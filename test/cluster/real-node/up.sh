@@ -51,7 +51,6 @@ mkdir -p "$d"/{containerd/root,containerd/state,containerd/opt,runc,runsc/root,r
 # .ci/run installs these up front; a developer machine gets them here on first use.
 static_busybox() { [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 && ! ldd /bin/busybox >/dev/null 2>&1; }
 missing=()
-command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || missing+=(containernetworking-plugins)
 static_busybox || missing+=(busybox-static)
@@ -256,50 +255,67 @@ spec: {order: 10000000, defaultAction: Pass}
 EOF
 
 # --- containerd ----------------------------------------------------------------------------------
-# Own root, state, socket and runc root, so it never meets another containerd on the machine.
+# containerd built by test/cluster/build.sh (versions.env: image volumes need 2.1 or later).
+CONTAINERD_BIN=$CLUSTER_DIR/bin
+[ -x "$CONTAINERD_BIN/containerd" ] && [ -x "$CONTAINERD_BIN/containerd-shim-runc-v2" ] && [ -x "$CONTAINERD_BIN/ctr" ] ||
+  die "containerd not built in $CONTAINERD_BIN (run test/cluster/build.sh)"
+# Config version 3, everything it writes under $d: own root, state, sockets (grpc and ttrpc) and
+# runc root, so it never meets another containerd on the machine; pod network namespaces pinned
+# under its state dir; no NRI socket, no CDI, no tracing.
 cat > "$d/containerd/config.toml" <<EOF
-version = 2
+version = 3
 root = "$d/containerd/root"
 state = "$d/containerd/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri",
   "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
 
 [grpc]
   address = "$CONTAINERD_SOCK"
+[ttrpc]
+  address = "$CONTAINERD_SOCK.ttrpc"
 
 [plugins."io.containerd.internal.v1.opt"]
   path = "$d/containerd/opt"
 
 [plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE_IMAGE"
   disable_tcp_service = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  discard_unpacked_layers = false
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "$PAUSE_IMAGE"
+
+[plugins."io.containerd.cri.v1.runtime"]
   enable_selinux = false
   # This machine withholds CAP_SYS_RESOURCE even from root, so runc cannot give the pause
   # container its -998 oom_score_adj ("can't get final child's PID from pipe: EOF"); clamp
   # scores at containerd's own instead.
   restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  netns_mounts_under_state_dir = true
+  enable_cdi = false
+  cdi_spec_dirs = []
+  [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
-    discard_unpacked_layers = false
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      runtime_path = "$CONTAINERD_BIN/containerd-shim-runc-v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "$(command -v runc)"
         Root = "$d/runc"
         SystemdCgroup = false
     # gVisor (RuntimeClass gvisor): containerd finds containerd-shim-runsc-v1 on its PATH
     # (.cluster/bin); the shim reads runsc's settings from ConfigPath.
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc]
       runtime_type = "io.containerd.runsc.v1"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runsc.options]
         TypeUrl = "io.containerd.runsc.v1.options"
         ConfigPath = "$d/runsc/config.toml"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "$d/cni/bin"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["$d/cni/bin"]
     conf_dir = "$d/cni/net.d"
     max_conf_num = 1
 EOF
@@ -319,12 +335,12 @@ EOF
 if running "$d/run/containerd.pid"; then
   log "containerd already running (pid $(cat "$d/run/containerd.pid"))"
 else
-  log "starting containerd ($(containerd --version | awk '{print $3}'))"
-  rm -f "$CONTAINERD_SOCK"
+  log "starting containerd ($("$CONTAINERD_BIN/containerd" --version | awk '{print $3}'))"
+  rm -f "$CONTAINERD_SOCK" "$CONTAINERD_SOCK.ttrpc"
   # setsid: the daemons must outlive this script and the shell that ran it.
   # Calico's CNI plugin names pod interfaces with the prefix in FELIX_INTERFACEPREFIX, and CNI
   # plugins inherit containerd's environment.
-  FELIX_INTERFACEPREFIX=$IFACE_PREFIX setsid containerd --config "$d/containerd/config.toml" >>"$d/logs/containerd.log" 2>&1 < /dev/null &
+  FELIX_INTERFACEPREFIX=$IFACE_PREFIX setsid "$CONTAINERD_BIN/containerd" --config "$d/containerd/config.toml" >>"$d/logs/containerd.log" 2>&1 < /dev/null &
   echo $! > "$d/run/containerd.pid"
 fi
 for _ in $(seq 1 60); do
