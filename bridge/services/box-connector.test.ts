@@ -1,5 +1,5 @@
 import type { V1Pod } from '@kubernetes/client-node';
-import { deletedStep, goneStep, podAddress, podlessStep } from './box-connector.js';
+import { deletedStep, goneStep, podAddress, podlessStep, probeTimeoutMs } from './box-connector.js';
 
 describe('a call to a box without a pod (docs/lifecycle.md)', () => {
   test('Sleeping -> Waking only for a call that may wake it (boxes:write)', () => {
@@ -67,5 +67,17 @@ describe('where a box is reached (podAddress)', () => {
     expect(podAddress(pod(undefined, 'box-b.example/32'), CALICO)).toBeUndefined();
     expect(podAddress(pod(undefined, ''), CALICO)).toBeUndefined();
     expect(podAddress(pod(undefined, '10.244.0.9/32', 'Failed'), CALICO)).toBeUndefined();
+  });
+});
+
+describe('probes of a new pod (probeTimeoutMs)', () => {
+  test('the first give up soon, so a SYN dropped while the pod\'s network is set up is not waited on for the kernel\'s 1 s resend', () => {
+    expect(probeTimeoutMs(0)).toBeLessThanOrEqual(200);
+    expect(probeTimeoutMs(0) + probeTimeoutMs(1)).toBeLessThan(1000); // two fresh SYNs within the first second
+  });
+  test('later ones wait longer, up to 2 s, for a boxd slow to answer', () => {
+    for (let n = 1; n < 10; n++) expect(probeTimeoutMs(n)).toBeGreaterThanOrEqual(probeTimeoutMs(n - 1));
+    expect(probeTimeoutMs(4)).toBeGreaterThanOrEqual(2000);
+    expect(probeTimeoutMs(30)).toBe(2000);
   });
 });

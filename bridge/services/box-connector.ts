@@ -83,6 +83,17 @@ export interface CallOptions {
 const LOST_BOX_WAIT_MS = 10_000;
 /** Between health probes of a box whose pod has an IP but whose boxd does not listen yet. */
 const PROBE_INTERVAL_MS = 25;
+
+/**
+ * How long probe n (from 0) of a pod not yet seen answering may take: short at first, growing to
+ * 2 s. A new pod's address can be known before its network is ready for it (Calico's annotation
+ * comes before felix has programmed the pod's policy rules): a SYN dropped then is resent by the
+ * kernel only after a second, while a new connection a moment later gets through as soon as the
+ * rules are in. Growing, so a boxd slow to answer (a starting quarter-core box) is still waited for.
+ */
+export function probeTimeoutMs(n: number): number {
+  return Math.min(150 * 2 ** n, 2000);
+}
 /** Boxes known to answer, and credentials derived, by pod name; bounded so memory does not grow with churn. */
 const CACHE_SIZE = 50_000;
 /** A call waits this long for a box to wake, or for a sleep it met to finish or give up. */
@@ -218,7 +229,7 @@ export class BoxConnector {
     if (!lost && cached.status?.podIP && this.deps.boxes.answering(cached)) return cached;
 
     const deadline = performance.now() + (lost ? LOST_BOX_WAIT_MS : this.deps.startTimeoutMs);
-    for (;;) {
+    for (let probe = 0; ; probe++) {
       signal.throwIfAborted();
       const remaining = deadline - performance.now();
       if (remaining <= 0) {
@@ -233,7 +244,7 @@ export class BoxConnector {
       }
       const live = await this.waitForIp(name, uid, remaining, signal);
       try {
-        await this.deps.boxd.health(this.target(live), AbortSignal.any([signal, AbortSignal.timeout(Math.ceil(Math.min(remaining, 2000)))]));
+        await this.deps.boxd.health(this.target(live), AbortSignal.any([signal, AbortSignal.timeout(Math.ceil(Math.min(remaining, probeTimeoutMs(probe))))]));
         remember(this.ready, name, live);
         return live;
       } catch (err) {
