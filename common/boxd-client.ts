@@ -7,7 +7,8 @@ import http from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex, Readable } from 'node:stream';
 import { BOXD_PORT } from './boxd.js';
-import { BridgeError, ERROR_STATUS, type ErrorType } from './errors.js';
+import { ERROR_BODY_LIMIT, FENCE_HEADER, TOKEN_HEADER, archiveReadQuery, archiveWriteQuery, boxdRefusal, queryString } from './boxd-archive.js';
+import { BridgeError } from './errors.js';
 
 /** Where a box's boxd listens and the credential it accepts. */
 export interface BoxdTarget {
@@ -40,7 +41,6 @@ export class BoxdFencedError extends BridgeError {
 }
 
 /** The header a fenced refusal carries: the epoch of the fence that refused it. */
-const FENCE_HEADER = 'x-boxd-fence';
 /** The ports route (PROTOCOL.md "Ports"); its answers from the app carry PROXIED_HEADER, boxd's own do not. */
 const PORT_PREFIX = '/v1/ports/';
 const PROXIED_HEADER = 'x-boxd-proxied';
@@ -183,7 +183,6 @@ export class BoxdDeadlineError extends BridgeError {
   }
 }
 
-const ERROR_BODY_LIMIT = 64 * 1024;
 /** A JSON answer takes about this many times its size while read, parsed and answered from. */
 const ANSWER_HOLD_FACTOR = 3;
 /**
@@ -344,7 +343,7 @@ export class BoxdClient {
     limits?: { maxBytes: number; maxEntries: number },
   ): Promise<http.IncomingMessage> {
     // With limits, boxd refuses (413) a tree over them before it sends a byte.
-    const query = { path, gzip, ...(limits ? { max_bytes: limits.maxBytes, max_entries: limits.maxEntries } : {}) };
+    const query = archiveReadQuery(path, gzip, limits);
     return this.send(t, 'GET', '/v1/archive', { query, signal });
   }
 
@@ -356,7 +355,7 @@ export class BoxdClient {
   ): Promise<{ path: string; entries: number; bytes: number }> {
     return this.json(t, 'PUT', '/v1/archive', {
       // replace: path ends up holding exactly the archive (PROTOCOL.md).
-      query: { path, max_bytes: opts.maxBytes, max_entries: opts.maxEntries, ...(opts.replace ? { replace: 'true' } : {}) },
+      query: archiveWriteQuery(path, opts),
       body,
       ...(opts.contentLength !== undefined ? { contentLength: opts.contentLength } : {}),
       signal: opts.signal,
@@ -434,6 +433,11 @@ export class BoxdClient {
    * One probe per box at a time, its answer shared for a moment, so many quiet calls (terminals,
    * followed output) to one box cost one probe.
    */
+  /** What a call made elsewhere (the snapshot worker's archive calls) needs to behave as this client's. */
+  workerSettings(): { port: number; deadlines: BoxdDeadlines; alive(t: BoxdTarget): Promise<boolean>; onDeadline?: BoxdClientOptions['onDeadline'] } {
+    return { port: this.port, deadlines: this.deadlines, alive: (t) => this.alive(t), onDeadline: this.options.onDeadline };
+  }
+
   private alive(t: BoxdTarget): Promise<boolean> {
     const key = `${t.box}@${t.ip}`;
     let probe = this.probes.get(key);
@@ -502,7 +506,7 @@ export class BoxdClient {
       method,
       path: path + queryString(query),
       agent: this.agent,
-      headers: { ...headers, 'x-boxd-token': t.token },
+      headers: { ...headers, [TOKEN_HEADER]: t.token },
       timeout: 0,
     });
     // The caller's signal ends the call as http.request's `signal` option would (the request
@@ -606,34 +610,20 @@ export class BoxdClient {
   }
 }
 
-function queryString(query: Query | undefined): string {
-  if (!query) return '';
-  const params = new URLSearchParams();
-  for (const [k, v] of Object.entries(query)) if (v !== undefined) params.set(k, String(v));
-  const s = params.toString();
-  return s ? `?${s}` : '';
-}
-
-/** boxd's JSON error body as the API's error (its types are the API's). */
+/** boxd's JSON error body as the API's error (its types are the API's; common/boxd-archive.ts says how). */
 async function errorOf(res: http.IncomingMessage, box: string): Promise<BridgeError> {
   const status = res.statusCode ?? 500;
-  const fence = Number(res.headers[FENCE_HEADER]);
-  if (status === 409 && Number.isInteger(fence) && fence > 0) {
+  const fenced = boxdRefusal(box, status, res.headers[FENCE_HEADER], undefined);
+  if (fenced.fence !== undefined) {
     res.resume();
-    return new BoxdFencedError(box, fence);
+    return new BoxdFencedError(box, fenced.fence);
   }
-  let type: ErrorType = status === 401 ? 'internal_error' : status >= 500 ? 'internal_error' : 'invalid_request';
-  let message = `boxd answered ${status}`;
-  try {
-    const body = JSON.parse((await readAll(res, ERROR_BODY_LIMIT)).toString('utf8')) as { error?: { type?: string; message?: string } };
-    if (body.error?.type && body.error.type in ERROR_STATUS) type = body.error.type as ErrorType;
-    if (body.error?.message) message = body.error.message;
-  } catch {
-    // not boxd's JSON: keep the generic message
-  }
-  // A 401 from boxd means our credential for the box is wrong: the caller did nothing wrong.
-  if (status === 401) return new BridgeError('internal_error', `box ${box} refused the bridge's credential (${message})`);
-  return new BridgeError(type, message, type === 'rate_limited' ? { headers: { 'Retry-After': '1' } } : {});
+  const body = await readAll(res, ERROR_BODY_LIMIT).then(
+    (b) => b.toString('utf8'),
+    () => undefined,
+  );
+  const r = boxdRefusal(box, status, undefined, body);
+  return r.fence !== undefined ? new BoxdFencedError(box, r.fence) : new BridgeError(r.type, r.message, { headers: r.headers });
 }
 
 /**

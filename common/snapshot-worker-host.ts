@@ -18,15 +18,9 @@ export interface BoxdSettings {
   onDeadline?: ((deadline: 'connect' | 'idle' | 'total') => void) | undefined;
 }
 
-/**
- * The client's settings. BoxdClient keeps them private today; until it says them itself (a
- * getter beside readArchive), they are read here by name, checked, so a renamed field fails loudly.
- */
+/** The client's settings, for the worker's calls to behave as the client's own. */
 export function boxdSettings(boxd: BoxdClient): BoxdSettings {
-  const port = boxd['port'];
-  const deadlines = boxd['deadlines'];
-  if (typeof port !== 'number' || typeof deadlines?.transferMs !== 'number') throw new Error('BoxdClient no longer has port and deadlines');
-  return { port, deadlines, alive: (t) => boxd['alive'](t), onDeadline: boxd['options'].onDeadline };
+  return boxd.workerSettings();
 }
 
 /** A call the worker makes to boxd: its request and the client's deadlines for a transfer. */
