@@ -331,9 +331,17 @@ export class IdleSleepReconciler {
   }
 
   /** The box's pod now, from the API server (the cache may lag), unless gone or going. */
+  /**
+   * The box's pod as the API server has it now, not being deleted: found by its box-id label (a
+   * claimed warm pod has another name, which a lagging watch may not show yet).
+   */
   private async livePod(key: string, ns: string, boxId: string): Promise<k8s.V1Pod | undefined> {
     const name = this.pod(key, ns, boxId)?.metadata?.name ?? boxId;
-    const pod = await this.readPod(ns, name);
+    const listed = await this.o.core.listNamespacedPod({ namespace: ns, labelSelector: `${LABELS.boxId}=${boxId}` });
+    const live = listed.items.filter((p) => !p.metadata?.deletionTimestamp);
+    if (live.length) return live.find((p) => p.metadata?.name === name) ?? live[0];
+    // Older pods named after the box without the label.
+    const pod = await this.readPod(ns, boxId);
     if (!pod || pod.metadata?.deletionTimestamp || (pod.metadata?.labels?.[LABELS.boxId] ?? pod.metadata?.name) !== boxId) return undefined;
     return pod;
   }

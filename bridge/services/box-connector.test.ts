@@ -1,5 +1,6 @@
 import type { V1Pod } from '@kubernetes/client-node';
-import { deletedStep, goneStep, podAddress, podlessStep, probeTimeoutMs } from './box-connector.js';
+import { ANNOTATIONS } from '../../common/labels.js';
+import { deletedStep, goneStep, leftoverStep, podAddress, podlessStep, probeTimeoutMs } from './box-connector.js';
 
 describe('a call to a box without a pod (docs/lifecycle.md)', () => {
   test('Sleeping -> Waking only for a call that may wake it (boxes:write)', () => {
@@ -79,5 +80,24 @@ describe('probes of a new pod (probeTimeoutMs)', () => {
     for (let n = 1; n < 10; n++) expect(probeTimeoutMs(n)).toBeGreaterThanOrEqual(probeTimeoutMs(n - 1));
     expect(probeTimeoutMs(4)).toBeGreaterThanOrEqual(2000);
     expect(probeTimeoutMs(30)).toBe(2000);
+  });
+});
+
+describe("a wake's leftover pods (leftoverStep): what a waker that stopped left", () => {
+  const pod = (o: { restoring?: boolean; deleting?: boolean } = {}): V1Pod => ({
+    metadata: {
+      annotations: o.restoring ? { [ANNOTATIONS.restoring]: 'true' } : {},
+      ...(o.deleting ? { deletionTimestamp: new Date('2026-11-27T10:00:05Z') } : {}),
+    },
+  });
+  test('committed: the box is awake, its pod (and the writes it acknowledged) kept', () => {
+    expect(leftoverStep(pod())).toBe('awake');
+  });
+  test('still restoring: a half-restored workspace, deleted', () => {
+    expect(leftoverStep(pod({ restoring: true }))).toBe('delete');
+  });
+  test('being deleted (the pod the box slept from, or a restoring one already going): left alone', () => {
+    expect(leftoverStep(pod({ deleting: true }))).toBe('none');
+    expect(leftoverStep(pod({ deleting: true, restoring: true }))).toBe('none');
   });
 });

@@ -91,6 +91,18 @@ const PROBE_INTERVAL_MS = 25;
  * kernel only after a second, while a new connection a moment later gets through as soon as the
  * rules are in. Growing, so a boxd slow to answer (a starting quarter-core box) is still waited for.
  */
+/**
+ * What a wake does with a pod of the box it finds (read fresh): one being deleted (the pod the box
+ * slept from) is left alone ('none'); one still marked restoring (a stopped waker's,
+ * half-restored) goes ('delete'); any other was committed by a waker that stopped before clearing
+ * the record: the box is awake ('awake'). (Pods made for a wake carry the restoring mark until
+ * committed, and a record is marked asleep only once its pod's delete went through.)
+ */
+export function leftoverStep(pod: k8s.V1Pod): 'none' | 'awake' | 'delete' {
+  if (pod.metadata?.deletionTimestamp) return 'none';
+  return pod.metadata?.annotations?.[ANNOTATIONS.restoring] ? 'delete' : 'awake';
+}
+
 export function probeTimeoutMs(n: number): number {
   return Math.min(150 * 2 ** n, 2000);
 }
@@ -286,6 +298,12 @@ export class BoxConnector {
     return podAddress(pod, this.deps.podIpAnnotation);
   }
 
+  /** The box's pods as the API server has them now (its box-id label: a claimed warm pod has another name). */
+  private async boxPods(boxId: string): Promise<k8s.V1Pod[]> {
+    const list = await this.deps.call('list box pods', () => this.deps.core.listNamespacedPod({ namespace: this.deps.namespace, labelSelector: `${LABELS.boxId}=${boxId}` }));
+    return list.items;
+  }
+
   private async readPod(name: string): Promise<k8s.V1Pod | undefined> {
     try {
       return await this.deps.call('read box pod', () => this.deps.core.readNamespacedPod({ name, namespace: this.deps.namespace }));
@@ -452,9 +470,20 @@ export class BoxConnector {
       const metadata = await this.deps.snapshots.metadata(snapshotId).catch((err: unknown) => {
         throw err instanceof BridgeError && err.type === 'not_found' ? new SnapshotLost(`its snapshot ${snapshotId} is gone from the store`) : err;
       });
-      // A pod left by a waker that stopped may hold a half-restored workspace: it goes.
-      const leftover = this.deps.cache.get(boxId);
-      if (leftover && !leftover.metadata?.deletionTimestamp) await this.deletePod(leftover);
+      // The pods a waker that stopped left, read fresh (a lagging watch may show none, or the pod
+      // the box slept from). One committed: the box is awake and its pod may hold writes
+      // acknowledged since, so the record is only cleared, as the operator's resume does. One
+      // still restoring may hold a half-restored workspace: it goes.
+      const leftovers = await this.boxPods(boxId);
+      const awake = leftovers.find((p) => leftoverStep(p) === 'awake');
+      if (awake) {
+        await this.deps.leases.release(await keeper.stop(), null, CLEAR_SLEEP);
+        if (slept.seat !== undefined && seatOf(awake) !== slept.seat) await this.freeSeat(slept.seat, record.metadata!.uid!).catch(() => undefined);
+        this.deps.onWoken?.('none', 'ok', (performance.now() - started) / 1000);
+        this.deps.log.info({ box: boxId, pod: awake.metadata?.name }, 'box found awake in the pod a stopped waker committed; its record cleared');
+        return;
+      }
+      for (const p of leftovers) if (leftoverStep(p) === 'delete') await this.deletePod(p);
       const session: SessionBox = {
         boxId,
         sessionId: record.metadata?.annotations?.[ANNOTATIONS.sessionId] ?? '',
