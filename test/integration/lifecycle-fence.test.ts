@@ -99,8 +99,19 @@ suite('writes through a replica with a stale watch, during a sleep', () => {
   async function expectAcked(box: string, acked: Map<string, string>) {
     for (const [path, content] of acked) {
       const r = await fresh('GET', `/boxes/${box}/files?path=${path}`);
+      // A lost write is the one failure this suite exists for: say what the box looked like.
+      if (r.status !== 200) process.stderr.write(await lostWriteReport(box, path, r));
       expect([path, r.status, r.json?.content]).toEqual([path, 200, content]);
     }
+  }
+
+  /** The box's pods, record, files and the operator's log lines about it, when a write was not found. */
+  async function lostWriteReport(box: string, path: string, r: { status: number; json?: unknown }): Promise<string> {
+    const ls = await fresh('POST', `/boxes/${box}/exec`, { command: 'ls -la --full-time /workspace' }).catch((err: unknown) => ({ json: String(err) }));
+    const pods = (await boxPods(env.pool.ns, box)).map((p) => ({ uid: p.metadata?.uid, created: p.metadata?.creationTimestamp, deleting: p.metadata?.deletionTimestamp, ip: p.status?.podIP, annotations: p.metadata?.annotations }));
+    const rec = await record(env.pool.ns, box).catch(() => undefined);
+    const log = env.operator.logs().split('\n').filter((l) => l.includes(box)).join('\n');
+    return `\n[lifecycle-fence] ${path} of ${box} not found after it was acknowledged: ${r.status} ${JSON.stringify(r.json)}\nfiles: ${JSON.stringify(ls.json)}\npods: ${JSON.stringify(pods)}\nrecord: ${JSON.stringify({ labels: rec?.metadata?.labels, annotations: rec?.metadata?.annotations })}\noperator log:\n${log}\n`;
   }
 
   test('a write while the snapshot streams makes the sleep give up: acknowledged, and there', async () => {
