@@ -102,3 +102,37 @@ test('a call that fails without any answer (refused) probes at once; an HTTP err
   expect(health.isUp()).toBe(false);
   health.stop();
 });
+
+test('a probe answered while this process was stalled counts as an answer (its timeout fired late, before the loop read the answer)', async () => {
+  // The answer is delivered in the loop's check phase, as a socket's data is read after the
+  // timers of that turn; the process is stalled for 3x the probe's timeout right after the probe starts.
+  let delivered = false;
+  const probe = (signal: AbortSignal) =>
+    new Promise<void>((resolve, reject) => {
+      signal.addEventListener('abort', () => reject(signal.reason));
+      setTimeout(() => setImmediate(() => ((delivered = true), resolve())), 20);
+    });
+  const health = makeHealth(probe);
+  const call = health.track(() => sleep(150).then(() => 'ok'), noStatus);
+  // The call has no answer for suspectAfterMs (100 ms): a probe starts; then the process stalls.
+  await sleep(110);
+  const until = performance.now() + 300;
+  while (performance.now() < until) {
+    /* stalled */
+  }
+  expect(await call).toBe('ok');
+  await sleep(50);
+  expect(delivered).toBe(true);
+  expect(health.isUp()).toBe(true);
+  health.stop();
+});
+
+test('an API server that does not answer still fails the probe in about its timeout, stalled or not', async () => {
+  const { state, probe } = scriptedProbe();
+  state.answers = false;
+  const health = makeHealth(probe);
+  const started = performance.now();
+  await expect(health.track(hangingCall(health), noStatus)).rejects.toMatchObject({ type: 'cluster_unavailable' });
+  expect(performance.now() - started).toBeLessThan(600);
+  health.stop();
+});

@@ -13,6 +13,7 @@
 // turns a write into a 503 within suspectAfterMs + probeTimeoutMs (2 s by default) instead of the
 // full request timeout, and every later write is refused in microseconds until it is back.
 import type { Logger } from 'pino';
+import { patientDeadline } from './deadline.js';
 import { BridgeError } from './errors.js';
 
 export interface ApiHealthOptions {
@@ -102,11 +103,15 @@ export class ApiHealth {
   }
 
   private async answers(): Promise<boolean> {
+    // Patient: a bridge stalled on a loaded node must not call a healthy API server down.
+    const deadline = patientDeadline(this.probeTimeoutMs);
     try {
-      await this.o.probe(AbortSignal.timeout(this.probeTimeoutMs));
+      await this.o.probe(deadline.signal);
       return true;
     } catch {
       return false;
+    } finally {
+      deadline.clear();
     }
   }
 
@@ -133,3 +138,4 @@ export class ApiHealth {
     this.recheck.unref();
   }
 }
+
