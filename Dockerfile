@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
 # One image, both programs:
-#   bridge   (default)  docker run IMAGE                          -> node dist/bridge/main.js
-#   operator            docker run IMAGE dist/operator/main.js    (the chart sets args)
+#   bridge   (default)  docker run IMAGE      -> node --optimize-for-size dist/bridge/main.js
+#   operator            docker run IMAGE --optimize-for-size dist/operator/main.js
+# The ENTRYPOINT is node alone; each program's V8 flags come before its script (CMD here, the
+# chart's args for both Deployments), as common/node-flags.ts lists them per program.
 # and, as separate targets, the in-box agent that box pods' init container copies in, and the
 # egress gateway:
 #   boxd                docker build --target boxd -t IMAGE-boxd .  (scratch: only /boxd)
@@ -78,5 +80,5 @@ COPY --from=build /src/dist ./dist
 COPY package.json ./
 USER 65534:65534
 EXPOSE 8080 9090
-ENTRYPOINT ["/nodejs/bin/node", "--optimize-for-size"]
-CMD ["dist/bridge/main.js"]
+ENTRYPOINT ["/nodejs/bin/node"]
+CMD ["--optimize-for-size", "dist/bridge/main.js"]

@@ -202,7 +202,7 @@ async function startBridgeProcess(
 ): Promise<{ child: ChildProcess; url: string; metricsUrl: string }> {
   const port = await freePort();
   const metricsPort = await freePort();
-  const child = spawn(process.execPath, [...NODE_FLAGS, ...(opts.args ?? []), join(opts.root ?? ROOT, 'dist/bridge/main.js')], {
+  const child = spawn(process.execPath, [...NODE_FLAGS.bridge, ...(opts.args ?? []), join(opts.root ?? ROOT, 'dist/bridge/main.js')], {
     env: {
       PATH: process.env.PATH,
       KUBECONFIG,

@@ -144,7 +144,7 @@ async function main(): Promise<void> {
   const cpuBefore = cpuOf();
   const port = 19000 + Math.floor(Math.random() * 1000);
   const start = Date.now();
-  const op = spawn(join(ROOT, 'node_modules/.bin/node'), [...NODE_FLAGS, join(ROOT, 'dist/operator/main.js')], {
+  const op = spawn(join(ROOT, 'node_modules/.bin/node'), [...NODE_FLAGS.operator, join(ROOT, 'dist/operator/main.js')], {
     env: {
       PATH: process.env.PATH,
       KUBECONFIG,

@@ -112,7 +112,7 @@ interface Run {
 
 async function runOperator(build: Run['build'], script: string): Promise<Run> {
   const port = await freePort();
-  const op: ChildProcess = spawn(join(ROOT, 'node_modules/.bin/node'), [...NODE_FLAGS, script], {
+  const op: ChildProcess = spawn(join(ROOT, 'node_modules/.bin/node'), [...NODE_FLAGS.operator, script], {
     env: {
       PATH: process.env.PATH,
       KUBECONFIG,

@@ -3,7 +3,7 @@
 // and its output is kept (parsed by the bench) instead of mixed into the bench's own.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
-import { NODE_FLAGS } from '../common/node-flags.js';
+import { nodeFlagsFor } from '../common/node-flags.js';
 import { freePort, waitUntil } from './setup.js';
 
 export interface Program {
@@ -23,7 +23,7 @@ export interface Program {
  */
 export async function startProgram(root: string, script: string, kubeconfig: string, env: Record<string, string>): Promise<Program> {
   const [port, metricsPort] = [await freePort(), await freePort()];
-  const child = spawn(process.execPath, [...NODE_FLAGS, join(root, script)], {
+  const child = spawn(process.execPath, [...nodeFlagsFor(script), join(root, script)], {
     env: {
       PATH: process.env.PATH,
       KUBECONFIG: kubeconfig,

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
 import { createBridgeClient, type BridgeClient } from '../client/index.js';
 import { LABELS } from '../common/labels.js';
-import { NODE_FLAGS } from '../common/node-flags.js';
+import { nodeFlagsFor } from '../common/node-flags.js';
 import { POOL_API_VERSION, POOL_GROUP, POOL_KIND, POOL_PLURAL, POOL_VERSION } from '../common/pool.js';
 
 /** kubectl from the local cluster's binaries; throws with its stderr on failure. */
@@ -125,7 +125,7 @@ export async function waitUntil(what: string, check: () => Promise<boolean>, tim
 
 /** One of the programs (dist/bridge/main.js, dist/operator/main.js) as its own process, its output on ours. */
 export function startProgram(root: string, kubeconfig: string, script: string, env: Record<string, string>): ChildProcess {
-  return spawn(process.execPath, [...NODE_FLAGS, join(root, script)], {
+  return spawn(process.execPath, [...nodeFlagsFor(script), join(root, script)], {
     env: { PATH: process.env.PATH, KUBECONFIG: kubeconfig, LOG_LEVEL: 'warn', ...env },
     stdio: ['ignore', 'inherit', 'inherit'],
   });

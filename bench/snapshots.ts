@@ -197,7 +197,7 @@ const TREE_DIGEST = 'find . -type f | sort | xargs sha256sum | sha256sum | cut -
 
 async function startBridge(v: Variant): Promise<void> {
   const [port, metricsPort] = [await freePort(), await freePort()];
-  const child = spawn(process.execPath, [...NODE_FLAGS, join(v.root, 'dist/bridge/main.js')], {
+  const child = spawn(process.execPath, [...NODE_FLAGS.bridge, join(v.root, 'dist/bridge/main.js')], {
     env: {
       PATH: process.env.PATH,
       KUBECONFIG,

@@ -1,12 +1,27 @@
-// V8 flags the bridge and the operator run with. The image's ENTRYPOINT passes the same (a
-// Dockerfile test checks) and whatever starts them here (npm run dev, the benches, the tests)
-// uses this list, so what is measured is what ships. They cannot go into NODE_OPTIONS.
+// V8 flags each program runs with. They cannot go into NODE_OPTIONS, so each launcher passes
+// them on node's command line: the image's CMD (the bridge) and the chart's Deployments (each
+// program's args; test/integration/chart-dockerfile.test.ts checks both against this file), and
+// whatever starts them here (npm run dev, the benches, the tests) takes them from here, so what
+// is measured is what ships.
 //
-// --optimize-for-size: both programs hold a watch cache plus the API client's code, and V8's
-// default young generation and heap growth left most of their RSS as free heap. It trades CPU
-// for memory. Measured (same build, one after the other): bridge at 10,000 boxes RSS ~320 ->
-// ~153 MiB (a one-off probe script, not a committed bench) with no visible change in exec or list latency; operator reaping 3,000 boxes peak RSS
-// 314 -> 147 MiB but 9 -> 14 CPU-seconds and all deletes issued in 31 s instead of 22 s.
-// (--max-semi-space-size=1 alone: 233 MiB, 11 s; adding --max-old-space-size=256: 159 MiB,
-// 13 s, but a hard heap cap that a larger pool would hit.) The RSS targets need it.
-export const NODE_FLAGS: readonly string[] = ['--optimize-for-size'];
+// The operator: --optimize-for-size. It holds a watch cache plus the API client's code, and V8's
+// default young generation and heap growth left most of its RSS as free heap. It trades CPU for
+// memory. Measured (same build, one after the other): reaping 3,000 boxes peak RSS 314 -> 147 MiB
+// but 9 -> 14 CPU-seconds and all deletes issued in 31 s instead of 22 s. (--max-semi-space-size=1
+// alone: 233 MiB, 11 s; adding --max-old-space-size=256: 159 MiB, 13 s, but a hard heap cap that a
+// larger pool would hit.) bench/results/operator-reap.md: 160 vs 452 MiB.
+//
+// The bridge: --optimize-for-size (see bench/results/exec-profile.md, "The flag decision").
+export type Program = 'bridge' | 'operator';
+
+export const NODE_FLAGS: Readonly<Record<Program, readonly string[]>> = {
+  bridge: ['--optimize-for-size'],
+  operator: ['--optimize-for-size'],
+};
+
+/** The flags of the program an entry script starts (`dist/bridge/main.js`, `.../dist/operator/main.js`). */
+export function nodeFlagsFor(script: string): readonly string[] {
+  const m = /(?:^|[\\/])(bridge|operator)[\\/]main\.js$/.exec(script);
+  if (!m) throw new Error(`nodeFlagsFor: ${script} is neither program's entry script (bridge/main.js, operator/main.js)`);
+  return NODE_FLAGS[m[1] as Program];
+}

@@ -22,7 +22,7 @@ import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
-import { NODE_FLAGS } from '../dist/common/node-flags.js';
+import { nodeFlagsFor } from '../dist/common/node-flags.js';
 // The chart's gateway objects on the local real node: the tests' helper, built into dist/ with
 // the benches that use it (npm run build).
 import { deployGatewayOnRealNode } from '../dist/test/support/egress-gateway.js';
@@ -178,7 +178,7 @@ function supervise(name, entry, env) {
   let backoff = BACKOFF_START_MS;
   const start = () => {
     const startedAt = Date.now();
-    const child = spawn(process.execPath, [...NODE_FLAGS, join(root, entry)], { env: { ...process.env, ...env }, stdio: ['ignore', 'inherit', 'inherit'] });
+    const child = spawn(process.execPath, [...nodeFlagsFor(entry), join(root, entry)], { env: { ...process.env, ...env }, stdio: ['ignore', 'inherit', 'inherit'] });
     state.child = child;
     child.on('exit', (code, signal) => {
       if (stopping) return;

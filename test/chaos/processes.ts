@@ -139,7 +139,7 @@ export class Fleet {
     const [port, metricsPort] = [await freePort(), await freePort()];
     const kubeconfig = this.apiProxies[index]!.writeKubeConfig(this.o.kc, join(this.o.runDir, `bridge-${index}.kubeconfig`));
     const log = createWriteStream(join(this.o.runDir, `bridge-${index}.${generation}.log`));
-    const proc = spawn(join(ROOT, 'node_modules/.bin/node'), [...NODE_FLAGS, join(ROOT, 'dist/bridge/main.js')], {
+    const proc = spawn(join(ROOT, 'node_modules/.bin/node'), [...NODE_FLAGS.bridge, join(ROOT, 'dist/bridge/main.js')], {
       env: {
         PATH: process.env.PATH,
         KUBECONFIG: kubeconfig,

@@ -9,6 +9,7 @@ import { createMetrics } from '../../bridge/metrics.js';
 import { createOperatorMetrics } from '../../operator/metrics.js';
 import { BOXD_PORT } from '../../common/boxd.js';
 import { POOL_DEFAULTS } from '../../common/pool.js';
+import { NODE_FLAGS } from '../../common/node-flags.js';
 import { CHART, MONITORING_APIS, ROOT, TOKEN, helm, template, type Doc } from '../chart/helm.js';
 
 const BRIDGE = 'rel-sandbox-bridge-bridge';
@@ -724,8 +725,8 @@ describe('pods and security', () => {
     expect(pod.metadata.annotations).toMatchObject({ a: 'b' });
     expect(pod.metadata.labels).toMatchObject({ team: 'x' });
     expect(c.resources).toEqual({ requests: { cpu: '100m', memory: '128Mi' }, limits: { cpu: '500m', memory: '512Mi' } });
-    // The operator runs from the same image with the operator entry point.
-    expect(containers(out.one('Deployment', OPERATOR))[0]!.args).toEqual(['dist/operator/main.js']);
+    // The operator runs from the same image with its own V8 flags and entry point.
+    expect(containers(out.one('Deployment', OPERATOR))[0]!.args).toEqual([...NODE_FLAGS.operator, 'dist/operator/main.js']);
   });
 
   test('the default SandboxPool is built from box.* in the target namespace', () => {

@@ -56,7 +56,7 @@ export async function startTestBridge(
 export async function spawnBridge(env: Record<string, string>): Promise<{ url: string; metricsUrl: string; pid: number; stop: () => Promise<void>; logs: () => string }> {
   const [port, metricsPort] = [await freePort(), await freePort()];
   let output = '';
-  const child = spawn(join(process.cwd(), 'node_modules/.bin/node'), [...NODE_FLAGS, join(process.cwd(), 'dist/bridge/main.js')], {
+  const child = spawn(join(process.cwd(), 'node_modules/.bin/node'), [...NODE_FLAGS.bridge, join(process.cwd(), 'dist/bridge/main.js')], {
     env: {
       PATH: process.env.PATH,
       KUBECONFIG: process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG,

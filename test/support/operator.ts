@@ -157,7 +157,7 @@ export async function startOperator(options: OperatorOptions): Promise<OperatorP
   const port = await freePort();
   const name = options.name ?? 'operator';
   let output = '';
-  const proc = spawn(join(ROOT, 'node_modules/.bin/node'), [...NODE_FLAGS, join(ROOT, 'dist/operator/main.js')], {
+  const proc = spawn(join(ROOT, 'node_modules/.bin/node'), [...NODE_FLAGS.operator, join(ROOT, 'dist/operator/main.js')], {
     env: {
       PATH: process.env.PATH,
       KUBECONFIG: process.env.SANDBOX_BRIDGE_TEST_KUBECONFIG,
