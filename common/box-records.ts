@@ -15,6 +15,19 @@ import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, boxRecordName, sessionHash } fr
 export const MAX_ENV_BYTES = 900 * 1024;
 const MAX_ATTEMPTS = 5;
 
+/**
+ * A record without a pod is a create in flight, until it is not. A create makes its box's pod
+ * (or claims one) within CREATE_POD_DEADLINE_MS of writing the record, or gives up (503) and
+ * deletes the record (bridge/services/boxes.ts); the operator's reaper leaves a record without a
+ * pod alone for RECORD_ORPHAN_GRACE_MS (operator/reaper.ts): that bound plus a Kubernetes call's
+ * timeout and its watch's lag. Before, the reaper's grace for Secrets (30 s; 5 s in tests) judged
+ * alone, and a create slowed by a loaded API server could lose its record mid-way: its seat went
+ * with it (another box took it: 16 boxes answered in a pool of 12), and the pod it then made
+ * belonged to a deleted record.
+ */
+export const CREATE_POD_DEADLINE_MS = 60_000;
+export const RECORD_ORPHAN_GRACE_MS = 120_000;
+
 export interface NewRecord {
   boxId: string;
   poolName: string;

@@ -7,7 +7,7 @@
 //   pod, whose credential it also holds (the pod mounts it), so a claim needs no seat write. It
 //   is held while a pod with its seat label exists (warm, claimed or terminating) and reaped
 //   after (operator/reaper.ts); a sleep adopts it into the box's record before the pod goes,
-//   and a create that gives up an unclaimed warm pod adopts that pod's seat.
+//   and a create that gives up a warm pod (unclaimed, or claimed and of no use) adopts that pod's seat.
 import type * as k8s from '@kubernetes/client-node';
 import { ANNOTATIONS, LABELS, MANAGED_BY, SECRET_COMPONENTS, seatName } from './labels.js';
 

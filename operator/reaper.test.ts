@@ -118,6 +118,16 @@ test('a record goes with its box; a record without a box pod goes after the grac
   expect(plan.active).toBe(1);
 });
 
+test("a record without a pod is a create in flight for as long as a create may take: a short grace for Secrets does not reap it", () => {
+  const record = (name: string, created: string): k8s.V1Secret => ({
+    metadata: { name, namespace: 'ns', uid: `uid-${name}`, creationTimestamp: new Date(created), labels: { 'app.kubernetes.io/component': 'box-record' } },
+  });
+  // NOW is 12:00:00; the grace for Secrets 1 s, as in the tests; a create may make its pod for 60 s.
+  const plan = planReaps({ ...base, pods: [], orphanGraceMs: 1000, secrets: [record('box-slow-0', '2030-01-01T11:59:00Z'), record('box-old-0', '2030-01-01T11:57:59Z')] });
+  expect(plan.reaps.map((r) => [r.name, r.reason])).toEqual([['box-old-0', 'orphaned_record']]);
+  expect(plan.nextDueAt).toBe(Date.parse('2030-01-01T12:01:00Z'));
+});
+
 test('a sleeping box has no pod: its record is not an orphan, and goes when its TTL (counting on in the record) runs out', () => {
   const sleeping = (name: string, expiresAt: string): k8s.V1Secret => ({
     metadata: {

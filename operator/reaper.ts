@@ -3,6 +3,7 @@
 import type * as k8s from '@kubernetes/client-node';
 import type { PartialObjectMetadata } from '../common/informer.js';
 import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, seatName, warmCredentialName } from '../common/labels.js';
+import { RECORD_ORPHAN_GRACE_MS } from '../common/box-records.js';
 import { seatOf } from '../common/seats.js';
 
 /**
@@ -115,8 +116,9 @@ export function planReaps(input: ReapInput): ReapPlan {
     const created = timestamp(secret.metadata?.creationTimestamp) ?? 0;
     const orphanAt = created + input.orphanGraceMs;
     if (secret.metadata?.labels?.[LABELS.component] === SECRET_COMPONENTS.record) {
-      // A record is named after its box. Its pod may be moments away (just made), so it is an
-      // orphan only after the grace period.
+      // A record is named after its box. Its pod may be on its way (a create in flight), so it
+      // is an orphan only once no create could still make it (common/box-records.ts).
+      const recordOrphanAt = created + Math.max(input.orphanGraceMs, RECORD_ORPHAN_GRACE_MS);
       if (reapedBoxes.has(name)) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'box_record' });
       else if (liveBoxes.has(name)) continue;
       else if (secret.metadata?.labels?.[LABELS.sleep]) {
@@ -127,8 +129,8 @@ export function planReaps(input: ReapInput): ReapPlan {
         if (expiry <= now) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'expired', expiredAt: new Date(expiry) });
         else due(expiry); // not counted active: it holds no pod, so no quota
       }
-      else if (orphanAt <= now) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'orphaned_record' });
-      else due(orphanAt);
+      else if (recordOrphanAt <= now) reaps.push({ kind: 'Secret', name, namespace, uid, reason: 'orphaned_record' });
+      else due(recordOrphanAt);
       continue;
     }
     if (secret.metadata?.labels?.[LABELS.component] === SECRET_COMPONENTS.credential) {

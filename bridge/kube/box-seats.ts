@@ -126,6 +126,27 @@ export class BoxSeats {
   }
 
   /**
+   * Frees warm seat n of a pod deleted a moment ago (grace 0: gone), as the operator frees the
+   * seat of a warm pod it lets go, instead of leaving it to the reaper's next look. Only that pod's
+   * seat as read now: one adopted by a record or made for a later pod is left alone.
+   */
+  async freeWarm(n: number, podName: string): Promise<void> {
+    const seat = await this.readSeat(n);
+    if (!seat || !isWarmSeatOf(seat, podName)) return;
+    try {
+      await this.call('free box seat', () =>
+        this.core.deleteNamespacedSecret({
+          name: seatName(n),
+          namespace: this.namespace,
+          body: { preconditions: { uid: seat.metadata!.uid!, resourceVersion: seat.metadata!.resourceVersion! } },
+        }),
+      );
+    } catch (err) {
+      if (!(err instanceof BridgeError && (err.type === 'not_found' || err.type === 'conflict'))) throw err;
+    }
+  }
+
+  /**
    * Makes warm seat n the record's: for a create that gave up an unclaimed warm pod (deleted,
    * guarded by its version, so it can no longer be claimed) to get its seat. True when the seat is
    * now the record's; false when it is gone (the reaper was first: the number is free again) or

@@ -14,21 +14,23 @@ import { checkBoxAllow } from '../../common/box-egress.js';
 import { egressProxyCredential } from '../../common/egress-proxy.js';
 import { buildSessionBoxPod, warmTemplateHash, type BoxShape, type SessionBox } from '../../common/box-pod.js';
 import { BridgeError } from '../../common/errors.js';
+import { isNotFound } from '../../common/kube.js';
 import { ANNOTATIONS, LABELS, boxName, sessionHash } from '../../common/labels.js';
+import { seatOf } from '../../common/seats.js';
 import type { SandboxPoolSpec } from '../../common/pool.js';
 import { parseQuantity } from '../../common/quantity.js';
 import { stateOf } from '../../common/box-lease.js';
 import { boxIdOf, boxStatus, podlessStatus, sleepingStatus, sleptBoxOf } from '../box-view.js';
 import type { BoxdClient } from '../../common/boxd-client.js';
 import type { BoxReader } from '../kube/box-cache.js';
-import type { BoxRecords } from '../../common/box-records.js';
+import { CREATE_POD_DEADLINE_MS, recordOf, type BoxRecords } from '../../common/box-records.js';
 import type { SleepingReader } from '../kube/sleeping-records.js';
 import type { BoxSeats } from '../kube/box-seats.js';
 import type { NodeReader } from '../kube/node-cache.js';
 import type { KubeCall } from '../kube/instrument.js';
 import type { PolicySource } from '../kube/policy.js';
 import { BOX_ID, type CreateBoxRequest } from '../schemas.js';
-import { Expiring, WarmClaims, type ClaimSource, type MissReason } from './warm-claims.js';
+import { Expiring, WarmClaims, type ClaimSource, type LetGo, type MissReason } from './warm-claims.js';
 import { warmChoices } from '../../common/warm-shapes.js';
 import { takeSeat, type GiveUp } from './seat-taking.js';
 
@@ -143,6 +145,8 @@ export class BoxService {
       // A warm pod picked now has its agent checked while the record is written (no env: the
       // check is all a claim asks of boxd; with env, the env is pushed after the claim).
       const prepared = warm.sources.length ? this.warm.prepare(policy.poolName, warm.sources[0]!, boxId, !req.env || Object.keys(req.env).length === 0) : undefined;
+      // The pod is made (or claimed) by then, or the create gives up (common/box-records.ts).
+      const podDeadline = performance.now() + CREATE_POD_DEADLINE_MS;
       let record = await take().catch((err: unknown) => {
         if (prepared) this.warm.release(prepared);
         throw err;
@@ -176,13 +180,13 @@ export class BoxService {
       };
       try {
         // The claim: one write (the pod's compare-and-swap), the record being the other.
-        const claim = warm.sources.length ? await this.warm.claim(policy.poolName, warm.sources, session, req.env, prepared) : undefined;
+        const claim = warm.sources.length ? await this.warm.claim(policy.poolName, warm.sources, session, req.env, prepared, podDeadline) : undefined;
         if (claim?.miss) this.deps.onWarmMiss?.(claim.miss);
         let pod = claim?.pod;
         if (!pod) {
-          session.seat = await this.takeSeat(spec, recordRef);
-          pod = await this.createPod(spec, shape, session, nonce);
-        }
+          session.seat = await this.takeSeat(spec, recordRef, claim?.letGo ?? []);
+          pod = await this.createNamedPod(spec, shape, session, nonce, podDeadline);
+        } else await this.freeLetGo(claim!.letGo);
         this.deps.onCreated?.(claim?.pod ? 'warm' : 'cold', (performance.now() - started) / 1000);
         this.rememberMade(boxId, pod, Boolean(claim?.pod));
         return this.created(pod);
@@ -221,9 +225,19 @@ export class BoxService {
     };
   }
 
-  /** A seat of the pool for a new pod (seat-taking.ts); 429 when the pool is full. */
-  private async takeSeat(spec: SandboxPoolSpec, record: { name: string; uid: string }): Promise<number> {
+  /**
+   * A seat of the pool for a new pod (seat-taking.ts); 429 when the pool is full. A warm pod this
+   * create claimed and let go (warm-claims.ts) held a seat no box can use now: the first is made
+   * the record's (one write), the others freed.
+   */
+  private async takeSeat(spec: SandboxPoolSpec, record: { name: string; uid: string }, letGo: readonly LetGo[] = []): Promise<number> {
     const { poolName } = this.deps.policy;
+    for (const [i, g] of letGo.entries()) {
+      if (await this.deps.seats.adoptWarm(g.seat, g.pod, record)) {
+        await this.freeLetGo(letGo.slice(i + 1));
+        return g.seat;
+      }
+    }
     const seat = await takeSeat(
       {
         held: () => this.heldSeats(),
@@ -238,6 +252,11 @@ export class BoxService {
     );
     if (seat === undefined) throw quotaExceeded(`the pool is at its limit of ${spec.maxBoxes} boxes`);
     return seat;
+  }
+
+  /** Frees the seats of warm pods a claim let go (warm-claims.ts), not waiting for the operator's reaper. */
+  private async freeLetGo(letGo: readonly LetGo[]): Promise<void> {
+    await Promise.all(letGo.map((g) => this.deps.seats.freeWarm(g.seat, g.pod).catch(() => undefined)));
   }
 
   /** Deletes an unclaimed warm pod as this replica saw it (guarded by its version, so a concurrent claim wins). */
@@ -262,13 +281,17 @@ export class BoxService {
    * the quota controller counts them out asynchronously, seconds later under load. The create is
    * retried meanwhile (150 ms doubling, ~9.5 s), then answers 429.
    */
-  private async createPod(spec: SandboxPoolSpec, shape: BoxShape, session: SessionBox, nonce: string): Promise<k8s.V1Pod> {
+  private async createPod(spec: SandboxPoolSpec, shape: BoxShape, session: SessionBox, nonce: string, podDeadline?: number): Promise<k8s.V1Pod> {
     const body = buildSessionBoxPod(
       { namespace: this.deps.namespace, poolName: this.deps.policy.poolName, shape, box: spec.box, egress: spec.egress, boxdImage: this.deps.boxdImage, nonce },
       session,
     );
     const evicted = new Set<string>();
     for (let attempt = 0; ; attempt++) {
+      if (podDeadline !== undefined && performance.now() > podDeadline) {
+        // Past it, the operator may take the record for an orphan: the box would not keep it.
+        throw new BridgeError('cluster_unavailable', 'the box could not be made in time (the cluster is slow); retry', { headers: { 'Retry-After': '2' } });
+      }
       try {
         return await this.deps.call('create box pod', () => this.deps.core.createNamespacedPod({ namespace: this.deps.namespace, body }));
       } catch (err) {
@@ -283,7 +306,8 @@ export class BoxService {
         const spare = spares.find((p) => !evicted.has(seen(p)));
         if (spare) {
           evicted.add(seen(spare));
-          await this.deleteQuietly(spare, 0, true);
+          const seat = seatOf(spare);
+          if ((await this.deleteQuietly(spare, 0, true)) && seat !== undefined) await this.freeLetGo([{ seat, pod: spare.metadata!.name! }]);
         }
         await new Promise((resolve) => setTimeout(resolve, 150 * 2 ** attempt));
       }
@@ -308,6 +332,8 @@ export class BoxService {
     // Served from memory until the watch shows it (it still shows the pod the box slept from).
     if (warm.sources.length) {
       const claim = await this.warm.claim(policy.poolName, warm.sources, { ...session, warmDemand: warm.demand }, env);
+      // The box keeps the seat it slept with: seats of pods the claim let go are freed.
+      await this.freeLetGo(claim.letGo);
       const claimed = claim.pod;
       if (claimed) {
         this.rememberMade(session.boxId, claimed, true);
@@ -315,15 +341,35 @@ export class BoxService {
       }
       this.deps.onWarmMiss?.(claim.miss!);
     }
+    try {
+      const pod = await this.createNamedPod(spec, shape, session, nonce);
+      this.rememberMade(session.boxId, pod, false);
+      return { pod, path: 'cold' };
+    } catch (err) {
+      throw explainCreateError(err, this.deps.namespace, spec);
+    }
+  }
+
+  /**
+   * The box's new pod, named after it. Another pod may hold the name:
+   * - one this very call made (an attempt whose answer was lost, the API server having made it):
+   *   it carries this call's nonce, and is the box's pod;
+   * - the box's own earlier pod (same record), put to sleep and still terminating: waited for;
+   * - a pod of an earlier holder of the box's slot, whose record is gone (a box deleted a moment
+   *   ago, or a create that answered an error although the API server made its pod): no one's,
+   *   so deleted at once.
+   */
+  private async createNamedPod(spec: SandboxPoolSpec, shape: BoxShape, session: SessionBox, nonce: string, podDeadline?: number): Promise<k8s.V1Pod> {
     const deadline = Date.now() + REVIVE_NAME_WAIT_MS;
     for (;;) {
       try {
-        const pod = await this.createPod(spec, shape, session, nonce);
-        this.rememberMade(session.boxId, pod, false);
-        return { pod, path: 'cold' };
+        return await this.createPod(spec, shape, session, nonce, podDeadline);
       } catch (err) {
-        if (!(err instanceof BridgeError && err.type === 'conflict') || Date.now() > deadline) throw explainCreateError(err, this.deps.namespace, spec);
-        await new Promise((resolve) => setTimeout(resolve, 250));
+        if (!(err instanceof BridgeError && err.type === 'conflict') || Date.now() > deadline) throw err;
+        const holder = await this.readPod(session.boxId);
+        if (holder?.metadata?.annotations?.[BOXD_NONCE_ANNOTATION] === nonce) return holder;
+        const gone = holder === undefined || (recordOf(holder, session.boxId) !== session.record.uid && (await this.deleteQuietly(holder, 0)));
+        if (!gone) await new Promise((resolve) => setTimeout(resolve, 250));
       }
     }
   }
@@ -522,10 +568,11 @@ export class BoxService {
     return pod;
   }
 
-  private async deleteQuietly(pod: k8s.V1Pod, gracePeriodSeconds?: number, unchanged = false): Promise<void> {
+  /** True when the pod is deleted or gone; errors are swallowed (false). */
+  private async deleteQuietly(pod: k8s.V1Pod, gracePeriodSeconds?: number, unchanged = false): Promise<boolean> {
     const { name, uid, resourceVersion } = pod.metadata!;
-    await this.deps.core
-      .deleteNamespacedPod({
+    try {
+      await this.deps.core.deleteNamespacedPod({
         name: name!,
         namespace: this.deps.namespace,
         // In the body: the API server ignores query options when a DELETE has a body.
@@ -533,8 +580,11 @@ export class BoxService {
           ...(gracePeriodSeconds !== undefined ? { gracePeriodSeconds } : {}),
           preconditions: { uid: uid!, ...(unchanged ? { resourceVersion: resourceVersion! } : {}) },
         },
-      })
-      .catch(() => undefined);
+      });
+      return true;
+    } catch (err) {
+      return isNotFound(err);
+    }
   }
 }
 

@@ -107,7 +107,7 @@ describe('WarmClaims across replicas (compare-and-swap simulated on one store)',
   test('no warm pod at all: none_ready, no write', async () => {
     const c = cluster(0);
     const claims = new WarmClaims({ core: c.core, call: (_op, fn) => fn(), cache: c.cacheOf(10), boxd, namespace: 'ns', token: () => 't' });
-    expect(await claims.claim('pool', [{ template: 'tmpl' }], session('box-z-0'), undefined)).toEqual({ miss: 'none_ready' });
+    expect(await claims.claim('pool', [{ template: 'tmpl' }], session('box-z-0'), undefined)).toEqual({ miss: 'none_ready', letGo: [] });
     expect(c.writes()).toBe(0);
   });
 });
@@ -157,7 +157,7 @@ describe('resizing a claimed warm pod to the create\'s shape', () => {
     } as unknown as BoxReader;
     const nodes = { list: () => [{ metadata: { name: 'n1' }, status: { allocatable } }, { metadata: { name: 'n2' }, status: { allocatable } }] as k8s.V1Node[] };
     const claims = new WarmClaims({ core, call: (_op, fn) => fn(), cache, boxd, namespace: 'ns', token: () => 't', nodes });
-    return { claims, calls };
+    return { claims, calls, core };
   }
   const applied = (p: k8s.V1Pod): k8s.V1Pod => ({ ...p, status: { ...p.status, containerStatuses: [{ name: 'box', resources: { limits: p.spec!.containers[0]!.resources!.limits } } as k8s.V1ContainerStatus] } });
   const pending = (reason: string) => (p: k8s.V1Pod): k8s.V1Pod => ({ ...p, status: { ...p.status, conditions: [{ type: 'PodResizePending', status: 'True', reason }] } });
@@ -171,10 +171,19 @@ describe('resizing a claimed warm pod to the create\'s shape', () => {
 
   test('the kubelet defers the resize: that pod is let go, the others on its node are not tried, and the reason is counted', async () => {
     const { claims, calls } = setup([sized(1, 'n1', '100m', '128Mi'), sized(2, 'n1', '100m', '128Mi')], pending('Deferred'));
-    expect(await claims.claim('pool', [{ template: 't', resize: want }], session, undefined)).toEqual({ miss: 'resize_deferred' });
+    // The pod let go names its seat: the create takes it over at once (bridge/services/boxes.ts).
+    expect(await claims.claim('pool', [{ template: 't', resize: want }], session, undefined)).toEqual({ miss: 'resize_deferred', letGo: [{ seat: 1, pod: 'box-warm-1' }] });
     // The second pod is on the node that just refused: not tried.
     expect(calls.filter((c) => c.startsWith('claim'))).toHaveLength(1);
     expect(calls).toContain('delete box-warm-1');
+  });
+
+  test('a pod let go whose delete failed still holds its seat: not reported as let go', async () => {
+    const { claims, core } = setup([sized(1, 'n1', '100m', '128Mi')], pending('Infeasible'));
+    (core as unknown as { deleteNamespacedPod: () => Promise<never> }).deleteNamespacedPod = async () => {
+      throw Object.assign(new Error('etcd timeout'), { code: 500 });
+    };
+    expect(await claims.claim('pool', [{ template: 't', resize: want }], session, undefined)).toEqual({ miss: 'resize_infeasible', letGo: [] });
   });
 
   test('no room to grow where the pod runs (allocatable less the boxes there): not claimed at all', async () => {

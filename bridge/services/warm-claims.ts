@@ -15,7 +15,9 @@
 import * as k8s from '@kubernetes/client-node';
 import type { BoxdClient } from '../../common/boxd-client.js';
 import { BOX_CONTAINER, sessionMetadata, type BoxShape, type SessionBox } from '../../common/box-pod.js';
+import { patientDeadline } from '../../common/deadline.js';
 import { BridgeError } from '../../common/errors.js';
+import { isNotFound } from '../../common/kube.js';
 import { LABELS } from '../../common/labels.js';
 import { seatOf } from '../../common/seats.js';
 import { formatCpu, formatMemory, parseQuantity } from '../../common/quantity.js';
@@ -66,7 +68,16 @@ export interface Prepared {
   answering?: Promise<boolean>;
 }
 
-export type ClaimResult = { pod: k8s.V1Pod; miss?: undefined } | { pod?: undefined; miss: MissReason };
+/**
+ * A warm pod a claim deleted (dead, or claimed but of no use): no box can be served by it, so its
+ * seat is the create's to adopt or free at once, not held until the operator's reaper sees the pod gone.
+ */
+export interface LetGo {
+  seat: number;
+  pod: string;
+}
+
+export type ClaimResult = ({ pod: k8s.V1Pod; miss?: undefined } | { pod?: undefined; miss: MissReason }) & { letGo: LetGo[] };
 
 export class WarmClaims {
   /**
@@ -106,16 +117,29 @@ export class WarmClaims {
    * made it). The claimed pod's agent must answer (and takes the create-time env) before the box
    * is handed out; a pod that died meanwhile is let go.
    */
-  async claim(pool: string, sources: readonly ClaimSource[], session: SessionBox, env: Record<string, string> | undefined, first?: Prepared): Promise<ClaimResult> {
+  async claim(
+    pool: string,
+    sources: readonly ClaimSource[],
+    session: SessionBox,
+    env: Record<string, string> | undefined,
+    first?: Prepared,
+    /** No claim is tried after this (performance.now()): the create's pod deadline (common/box-records.ts). */
+    until?: number,
+  ): Promise<ClaimResult> {
     let sawOne = Boolean(first);
     let why: MissReason | undefined;
     let next = first;
     const withEnv = Boolean(env && Object.keys(env).length);
     let attempts = 0;
+    const letGo: LetGo[] = [];
+    const drop = async (pod: k8s.V1Pod, unchanged: boolean) => {
+      const seat = seatOf(pod);
+      if ((await this.deleteQuietly(pod, unchanged)) && seat !== undefined) letGo.push({ seat, pod: pod.metadata!.name! });
+    };
     for (const source of sources) {
       /** Nodes where this create's resize was refused: the other pods there would be too. */
       const refused = new Set<string>();
-      while (attempts++ < CLAIM_ATTEMPTS_MAX) {
+      while (attempts++ < CLAIM_ATTEMPTS_MAX && (until === undefined || performance.now() < until)) {
         let candidate = next;
         next = undefined;
         if (!candidate) {
@@ -131,7 +155,7 @@ export class WarmClaims {
         }
         if (candidate.answering && !(await candidate.answering)) {
           // Dead before the claim: nobody's yet, so only as this replica saw it (a claim wins).
-          await this.deleteQuietly(candidate.pod, true);
+          await drop(candidate.pod, true);
           continue;
         }
         let pod = await this.patch(candidate.pod, session);
@@ -142,17 +166,17 @@ export class WarmClaims {
             // Ours now, but not of the shape asked for: no use to anyone.
             why = resized;
             if (resized !== 'resize_timeout') refused.add(pod.spec?.nodeName ?? '');
-            await this.deleteQuietly(pod, false);
+            await drop(pod, false);
             continue;
           }
           pod = resized;
         }
-        if ((candidate.answering && !withEnv) || (await this.answers(pod, session.boxId, env))) return { pod };
+        if ((candidate.answering && !withEnv) || (await this.answers(pod, session.boxId, env))) return { pod, letGo };
         // Claimed a pod whose agent does not answer: it is no use to anyone.
-        await this.deleteQuietly(pod, false);
+        await drop(pod, false);
       }
     }
-    return { miss: why ?? (sawOne ? 'all_taken' : 'none_ready') };
+    return { miss: why ?? (sawOne ? 'all_taken' : 'none_ready'), letGo };
   }
 
   /** Claimable warm pods: ready, of the source's template, holding a seat of their own (common/seats.ts). */
@@ -239,26 +263,33 @@ export class WarmClaims {
   }
 
   private async answers(pod: k8s.V1Pod, box: string, env: Record<string, string> | undefined): Promise<boolean> {
+    // Patient: a replica stalled on a loaded node must not let a live warm pod go as dead.
+    const deadline = patientDeadline(CLAIM_CHECK_MS);
     try {
       const target = { box, ip: pod.status!.podIP!, token: this.deps.token(pod) };
-      const signal = AbortSignal.timeout(CLAIM_CHECK_MS);
-      if (env && Object.keys(env).length) await this.deps.boxd.setEnv(target, env, signal);
-      else await this.deps.boxd.health(target, signal);
+      if (env && Object.keys(env).length) await this.deps.boxd.setEnv(target, env, deadline.signal);
+      else await this.deps.boxd.health(target, deadline.signal);
       return true;
     } catch {
       return false;
+    } finally {
+      deadline.clear();
     }
   }
 
-  private async deleteQuietly(pod: k8s.V1Pod, unchanged: boolean): Promise<void> {
+  /** Deletes the pod at once (grace 0: gone from the API server); true when it is gone. */
+  private async deleteQuietly(pod: k8s.V1Pod, unchanged: boolean): Promise<boolean> {
     const { name, uid, resourceVersion } = pod.metadata!;
-    await this.deps.core
-      .deleteNamespacedPod({
+    try {
+      await this.deps.core.deleteNamespacedPod({
         name: name!,
         namespace: this.deps.namespace,
         body: { gracePeriodSeconds: 0, preconditions: { uid: uid!, ...(unchanged ? { resourceVersion: resourceVersion! } : {}) } },
-      })
-      .catch(() => undefined);
+      });
+      return true;
+    } catch (err) {
+      return isNotFound(err);
+    }
   }
 }
 

@@ -2,10 +2,10 @@
 // cluster (boxes on simulated nodes; commands inside real containers are in bridge-exec).
 import * as k8s from '@kubernetes/client-node';
 import { BOXD_BINARY, BOXD_PORT, BOXD_VERSION_ANNOTATION } from '../../common/boxd.js';
-import { ANNOTATIONS, LABELS, boxRecordName, sessionHash } from '../../common/labels.js';
+import { ANNOTATIONS, LABELS, boxName, boxRecordName, sessionHash } from '../../common/labels.js';
 import type { RunningBridge } from '../../bridge/server.js';
 import { ON_SIMULATED_NODES, TEST_TOKEN, api, startTestBridge, testPolicy } from '../support/bridge.js';
-import { LOCAL_BOX_IMAGE, createTestNamespace, deleteTestNamespace, testKubeConfig, waitFor } from '../support/cluster.js';
+import { LOCAL_BOX_IMAGE, createTestNamespace, deleteTestNamespace, restrictedPod, testKubeConfig, waitFor } from '../support/cluster.js';
 
 const kc = testKubeConfig();
 const core = kc.makeApiClient(k8s.CoreV1Api);
@@ -201,6 +201,21 @@ test('an Idempotency-Key makes a retried create return the same box', async () =
   expect(await podNames(`${LABELS.session}=${sessionHash('idempotent')}`)).toHaveLength(2);
   for (const id of [first.json.box_id, other.json.box_id]) await call('DELETE', `/boxes/${id}`);
   await waitFor('the boxes to be gone', async () => ((await podNames(`${LABELS.session}=${sessionHash('idempotent')}`)).length ? undefined : true));
+});
+
+test("a pod left holding a box's name by an earlier holder of its slot (its record gone) is replaced, not answered 409", async () => {
+  // What a create leaves when it answered an error although the API server made its pod, or a
+  // box deleted a moment ago whose pod is still going: a pod named after the slot's box id, owned
+  // by no record there is. Unlabelled here, so this replica's watch does not show it either.
+  const sessionId = `leftover-${Date.now()}`;
+  const name = boxName('box', sessionId, 0);
+  const leftover = await core.createNamespacedPod({ namespace, body: restrictedPod(name, { nodeSelector: { 'sandbox-bridge.test/none': 'true' } }) });
+  const created = await call('POST', '/boxes', { sessionId });
+  expect([created.status, created.json.box_id]).toEqual([201, name]);
+  const pod = await core.readNamespacedPod({ name, namespace });
+  expect(pod.metadata!.uid).not.toBe(leftover.metadata!.uid);
+  expect(pod.metadata!.labels![LABELS.boxId]).toBe(name);
+  await call('DELETE', `/boxes/${name}`);
 });
 
 describe('bad requests change nothing', () => {

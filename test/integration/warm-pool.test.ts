@@ -4,7 +4,7 @@
 // TTL and env work as for any box.
 import { readdirSync, readFileSync } from 'node:fs';
 import * as k8s from '@kubernetes/client-node';
-import { ANNOTATIONS, LABELS } from '../../common/labels.js';
+import { ANNOTATIONS, LABELS, seatName } from '../../common/labels.js';
 import type { RunningBridge } from '../../bridge/server.js';
 import { ON_REAL_NODE, TEST_BOXD_IMAGE, TEST_BOXD_KEY, api, spawnBridge, startTestBridge } from '../support/bridge.js';
 import { realNodeAvailable, testKubeConfig, waitFor } from '../support/cluster.js';
@@ -124,6 +124,14 @@ suite('warm boxes', () => {
     const created = await callB('POST', '/boxes', { sessionId: 'warm-dead' });
     expect(created.status).toBe(201);
     expect(created.json.pod_name).toBe(created.json.box_id); // fell back to a new pod
+    // The dead pods it let go held seats no box can use: the new box took one of them over
+    // (its record's now), not a seat of its own beside them until the reaper came.
+    const deadSeats = pods.map((p) => p.metadata!.labels![LABELS.seat]);
+    const box = await core.readNamespacedPod({ name: created.json.pod_name, namespace: pool.ns });
+    const seat = box.metadata!.labels![LABELS.seat]!;
+    expect(deadSeats).toContain(seat);
+    const seatSecret = await core.readNamespacedSecret({ name: seatName(Number(seat)), namespace: pool.ns });
+    expect(seatSecret.metadata!.ownerReferences?.[0]?.name).toBe(created.json.box_id);
     expect((await callB('POST', `/boxes/${created.json.box_id}/exec`, { command: 'echo alive' })).json.stdout).toBe('alive\n');
     await callB('DELETE', `/boxes/${created.json.box_id}`);
     await waitWarm(WARM, 'the pool to replace the dead warm boxes');
@@ -209,20 +217,19 @@ suite('warm boxes', () => {
     const full = await callA('POST', '/boxes', { sessionId: 'quota-11', memory: 40 });
     const last = await callA('POST', '/boxes', { sessionId: 'quota-12', memory: 40 });
     if (last.status !== 201) {
+      // One short line each: the CI shows only part of a long output.
       const quotas = await core.listNamespacedResourceQuota({ namespace: pool.ns });
       const pods = await core.listNamespacedPod({ namespace: pool.ns });
       const seats = (await core.listNamespacedSecret({ namespace: pool.ns })).items.filter((s) => s.metadata?.name?.startsWith('box-seat-'));
+      const missesOf = async (b: RunningBridge) => (await (await fetch(`${b.metricsUrl}/metrics`)).text()).match(/^sandbox_bridge_warm_misses_total.*$/gm)?.join(' ');
       console.log(
-        JSON.stringify(
-          {
-            last: last.json,
-            quota: quotas.items.map((q) => q.status),
-            pods: pods.items.map((p) => [p.metadata!.name, p.metadata!.deletionTimestamp, p.status!.phase, p.metadata!.labels?.[LABELS.seat]]),
-            seats: seats.map((s) => [s.metadata!.name, s.metadata!.labels?.[LABELS.component], s.metadata!.ownerReferences?.[0]?.name, s.metadata!.deletionTimestamp]),
-          },
-          null,
-          1,
-        ),
+        [
+          `full: ${full.status} ${full.json.pod_name}; last: ${JSON.stringify(last.json)}`,
+          `quota used: ${JSON.stringify(quotas.items.map((q) => q.status?.used))}`,
+          `pods (name seat phase deleting): ${pods.items.map((p) => `${p.metadata!.name} ${p.metadata!.labels?.[LABELS.seat]} ${p.status!.phase}${p.metadata!.deletionTimestamp ? ' D' : ''}`).join(', ')}`,
+          `seats (name component owner warm-pod): ${seats.map((s) => `${s.metadata!.name} ${s.metadata!.labels?.[LABELS.component]} ${s.metadata!.ownerReferences?.[0]?.name} ${s.metadata!.annotations?.[ANNOTATIONS.warmPod] ?? '-'}${s.metadata!.deletionTimestamp ? ' D' : ''}`).join(', ')}`,
+          `misses A: ${await missesOf(a)}; B: ${await missesOf(b)}`,
+        ].join('\n'),
       );
     }
     expect([full.status, last.status]).toEqual([201, 201]);
