@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # One image, both programs:
-#   bridge   (default)  docker run IMAGE      -> node --optimize-for-size dist/bridge/main.js
+#   bridge   (default)  docker run IMAGE
+#              -> node --max-semi-space-size=4 --heap-growing-percent=50 dist/bridge/main.js
 #   operator            docker run IMAGE --optimize-for-size dist/operator/main.js
 # The ENTRYPOINT is node alone; each program's V8 flags come before its script (CMD here, the
 # chart's args for both Deployments), as common/node-flags.ts lists them per program.
@@ -81,4 +82,4 @@ COPY package.json ./
 USER 65534:65534
 EXPOSE 8080 9090
 ENTRYPOINT ["/nodejs/bin/node"]
-CMD ["--optimize-for-size", "dist/bridge/main.js"]
+CMD ["--max-semi-space-size=4", "--heap-growing-percent=50", "dist/bridge/main.js"]

@@ -11,11 +11,18 @@
 // alone: 233 MiB, 11 s; adding --max-old-space-size=256: 159 MiB, 13 s, but a hard heap cap that a
 // larger pool would hit.) bench/results/operator-reap.md: 160 vs 452 MiB.
 //
-// The bridge: --optimize-for-size (see bench/results/exec-profile.md, "The flag decision").
+// The bridge: an 8 MiB new space (--max-semi-space-size=4) and old-space growth by 1.5x
+// (--heap-growing-percent=50) instead of --optimize-for-size, whose 1 MiB semi-space promoted the
+// state of every exec in flight and made GC the largest item of the exec path. Measured
+// 2026-11-27 (bench/results/exec-profile.md, "The flag decision"): bridge CPU per exec on the
+// exec load 2.08 -> 1.23 ms and 1.64 -> 1.17 ms in two runs (-41%, -29%; -38% in an earlier
+// one); RSS at rest with 10,000 boxes 161 -> 195 MiB (208 in an earlier run); peak under
+// bench:memory 411-415 -> 450-458 MiB. So the chart's bridge memory limit is 640Mi (it was
+// 512Mi). --max-semi-space-size=2 costs the same memory for no less CPU.
 export type Program = 'bridge' | 'operator';
 
 export const NODE_FLAGS: Readonly<Record<Program, readonly string[]>> = {
-  bridge: ['--optimize-for-size'],
+  bridge: ['--max-semi-space-size=4', '--heap-growing-percent=50'],
   operator: ['--optimize-for-size'],
 };
 

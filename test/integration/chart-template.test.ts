@@ -86,7 +86,7 @@ describe('chart metadata and defaults', () => {
     expect(v.ingress).toMatchObject({ enabled: false, host: '', className: '', tls: true });
     expect(v.ingress.clusterIssuer).toBeTruthy();
     expect(v.autoscaling).toEqual({ enabled: false, minReplicas: 2, maxReplicas: 10, targetCPUUtilization: 70, targetMemoryUtilization: 80 });
-    expect(v.resources).toEqual({ requests: { cpu: '100m', memory: '128Mi' }, limits: { cpu: '500m', memory: '512Mi' } });
+    expect(v.resources).toEqual({ requests: { cpu: '100m', memory: '256Mi' }, limits: { cpu: '500m', memory: '640Mi' } });
     expect(v.rbac).toMatchObject({ create: true, namespaced: true, extraPoolNamespaces: [] });
     expect(v.rbac.targetNamespace).toBeTruthy();
     expect(v.networkPolicy).toMatchObject({ enabled: true, egressCIDRs: ['0.0.0.0/0'] });
@@ -724,7 +724,7 @@ describe('pods and security', () => {
     expect(pod.spec.tolerations).toEqual([{ key: 'k', operator: 'Exists' }]);
     expect(pod.metadata.annotations).toMatchObject({ a: 'b' });
     expect(pod.metadata.labels).toMatchObject({ team: 'x' });
-    expect(c.resources).toEqual({ requests: { cpu: '100m', memory: '128Mi' }, limits: { cpu: '500m', memory: '512Mi' } });
+    expect(c.resources).toEqual({ requests: { cpu: '100m', memory: '256Mi' }, limits: { cpu: '500m', memory: '640Mi' } });
     // The operator runs from the same image with its own V8 flags and entry point.
     expect(containers(out.one('Deployment', OPERATOR))[0]!.args).toEqual([...NODE_FLAGS.operator, 'dist/operator/main.js']);
   });
