@@ -15,6 +15,7 @@ import { readFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 import * as k8s from '@kubernetes/client-node';
+import { load } from 'js-yaml';
 import { writeResults } from './results-file.js';
 import { BOXD_IMAGE, createBenchPool, deletePool, ensureCluster, freePort, ON_REAL_NODE, percentile, REAL_NODE_LABEL, startProgram, waitUntil } from './setup.js';
 
@@ -35,6 +36,12 @@ kc.loadFromFile(KUBECONFIG);
 const core = kc.makeApiClient(k8s.CoreV1Api);
 const custom = kc.makeApiClient(k8s.CustomObjectsApi);
 const log = (msg: string) => process.stderr.write(`[bench:memory] ${msg}\n`);
+
+/** The chart's default bridge memory limit (values.yaml resources.limits.memory), as written there. */
+function chartMemoryLimit(): string {
+  const values = load(readFileSync(join(ROOT, 'charts/sandbox-bridge/values.yaml'), 'utf8')) as { resources: { limits: { memory: string } } };
+  return values.resources.limits.memory;
+}
 
 /** VmRSS and VmHWM of a process, in MiB. */
 function memoryOf(pid: number): { rss: number; peak: number } {
@@ -218,7 +225,7 @@ function report(rounds: Round[], budgetBytes: number): void {
     `# Memory bench\n\n${results.date} — ${results.cores} cores, Node ${results.node}; \`npm run bench:memory\` ` +
     `(BENCH_MEMORY_EXECS=${EXECS}, BENCH_MEMORY_MIB=${MIB}, BENCH_MEMORY_ROUNDS=${ROUNDS}); one bridge process (memory budget ` +
     `${(budgetBytes / 1048576).toFixed(0)} MiB${BUDGET ? '' : ', the default'}), one box of 1 core / 256Mi on the real node; each round ${EXECS} concurrent plain execs, ` +
-    `each writing ${MIB} MiB of random bytes to stdout and ${MIB} MiB to stderr. The chart's bridge memory limit is 512 MiB.\n\n` +
+    `each writing ${MIB} MiB of random bytes to stdout and ${MIB} MiB to stderr. The chart's bridge memory limit is ${chartMemoryLimit()}.\n\n` +
     `Peak RSS over the rounds: median ${results.medianPeakMiB.toFixed(0)} MiB, max ${results.maxPeakMiB.toFixed(0)} MiB.\n\n${table}\n`;
   writeResults(ROOT, 'memory', md, results);
   process.stdout.write(`${md}\n`);
