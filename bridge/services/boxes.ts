@@ -32,7 +32,7 @@ import type { PolicySource } from '../kube/policy.js';
 import { BOX_ID, type CreateBoxRequest } from '../schemas.js';
 import { Expiring, WarmClaims, type ClaimSource, type LetGo, type MissReason } from './warm-claims.js';
 import { warmChoices } from '../../common/warm-shapes.js';
-import { takeSeat, type GiveUp } from './seat-taking.js';
+import { giveUpWarm, takeSeat, type GiveUp } from './seat-taking.js';
 
 const MiB = 1024 * 1024;
 /** An Idempotency-Key names the same box for this long (DESIGN.md). */
@@ -259,19 +259,27 @@ export class BoxService {
     await Promise.all(letGo.map((g) => this.deps.seats.freeWarm(g.seat, g.pod).catch(() => undefined)));
   }
 
-  /** Deletes an unclaimed warm pod as this replica saw it (guarded by its version, so a concurrent claim wins). */
-  private async giveUp(pod: k8s.V1Pod): Promise<GiveUp> {
-    const { name, uid, resourceVersion } = pod.metadata!;
-    try {
-      await this.deps.call('give up warm pod', () =>
-        this.deps.core.deleteNamespacedPod({ name: name!, namespace: this.deps.namespace, body: { gracePeriodSeconds: 0, preconditions: { uid: uid!, resourceVersion: resourceVersion! } } }),
-      );
-      return 'deleted';
-    } catch (err) {
-      if (err instanceof BridgeError && err.type === 'conflict') return 'changed';
-      if (err instanceof BridgeError && err.type === 'not_found') return 'gone';
-      throw err;
-    }
+  /** Deletes an unclaimed warm pod, guarded by its version so a concurrent claim wins (seat-taking.ts). */
+  private giveUp(pod: k8s.V1Pod): Promise<GiveUp> {
+    return giveUpWarm(
+      {
+        delete: async (name, uid, resourceVersion) => {
+          try {
+            await this.deps.call('give up warm pod', () =>
+              this.deps.core.deleteNamespacedPod({ name, namespace: this.deps.namespace, body: { gracePeriodSeconds: 0, preconditions: { uid, resourceVersion } } }),
+            );
+            return 'deleted';
+          } catch (err) {
+            if (err instanceof BridgeError && err.type === 'not_found') return 'gone';
+            if (err instanceof BridgeError && err.type === 'conflict') return 'changed';
+            throw err;
+          }
+        },
+        read: (name) => this.readPod(name),
+      },
+      pod,
+      this.deps.policy.poolName,
+    );
   }
 
   /**

@@ -1,6 +1,6 @@
 import type * as k8s from '@kubernetes/client-node';
 import { LABELS } from '../../common/labels.js';
-import { SEAT_RETRIES, takeSeat, type GiveUp, type SeatIo } from './seat-taking.js';
+import { SEAT_RETRIES, giveUpWarm, takeSeat, type GiveUp, type SeatIo } from './seat-taking.js';
 
 const warm = (name: string, seat: number): k8s.V1Pod => ({ metadata: { name, labels: { [LABELS.seat]: String(seat) } } });
 
@@ -110,5 +110,54 @@ describe('takeSeat', () => {
     const { io, sleeps } = pool(2, { apiSeats, cachePods: [warm('box-a', 0)], giveUp: () => 'deleted' });
     expect(await takeSeat(io, 2)).toBeUndefined();
     expect(sleeps).toHaveLength(SEAT_RETRIES);
+  });
+});
+
+describe('giving up a warm pod', () => {
+  /** A pod on the API server whose version moves on `bumps` times (a starting pod's status), claimed or not. */
+  function apiPod(o: { bumps: number; claimAfter?: number; replaced?: boolean }) {
+    let version = 1;
+    let reads = 0;
+    const calls: string[] = [];
+    const current = (): k8s.V1Pod => ({
+      metadata: {
+        name: 'box-warm-a',
+        uid: o.replaced && reads > 0 ? 'uid-other' : 'uid-a',
+        resourceVersion: String(version),
+        labels: o.claimAfter !== undefined && reads >= o.claimAfter ? {} : { [LABELS.warm]: 'pool' },
+      },
+    });
+    const io = {
+      delete: async (_name: string, uid: string, rv: string) => {
+        calls.push(`delete @${rv}`);
+        if (uid !== current().metadata!.uid) return 'changed' as const;
+        if (rv !== String(version) || !current().metadata!.labels![LABELS.warm]) return 'changed' as const;
+        return 'deleted' as const;
+      },
+      read: async () => {
+        reads++;
+        if (version <= o.bumps) version++; // it moved on again before this read
+        calls.push(`read @${version}`);
+        return current();
+      },
+    };
+    return { io, calls, seen: { metadata: { name: 'box-warm-a', uid: 'uid-a', resourceVersion: '0', labels: { [LABELS.warm]: 'pool' } } } as k8s.V1Pod };
+  }
+
+  test('a starting pod whose version moved on since the watch saw it is read again and deleted at the version read', async () => {
+    const { io, calls, seen } = apiPod({ bumps: 1 });
+    expect(await giveUpWarm(io, seen, 'pool')).toBe('deleted');
+    expect(calls).toEqual(['delete @0', 'read @2', 'delete @2']);
+  });
+
+  test('one claimed meanwhile (its warm label gone) is left alone: changed', async () => {
+    const { io, calls, seen } = apiPod({ bumps: 0, claimAfter: 1 });
+    expect(await giveUpWarm(io, seen, 'pool')).toBe('changed');
+    expect(calls).toEqual(['delete @0', 'read @1']);
+  });
+
+  test('a pod of that name with another uid: the one given up is gone', async () => {
+    const { io, seen } = apiPod({ bumps: 0, replaced: true });
+    expect(await giveUpWarm(io, seen, 'pool')).toBe('gone');
   });
 });

@@ -6,12 +6,15 @@
 // collection). Those are waited for briefly; before a create answers that the pool is full
 // (429), it reads the seats the API server holds and tries any the watch still shows held.
 import type * as k8s from '@kubernetes/client-node';
+import { LABELS } from '../../common/labels.js';
 import { seatOf } from '../../common/seats.js';
 
 /** Seat takes retried while a seat or two are coming free, or a spare changed under us (150 ms doubling: ~2.3 s). */
 export const SEAT_RETRIES = 4;
 /** Unclaimed warm pods given up per round. */
 const SPARES_PER_ROUND = 3;
+/** Fresh reads of a warm pod being given up whose version keeps changing (a starting pod's status). */
+const GIVE_UP_READS = 3;
 
 /** What giving up a warm pod did: deleted it; found it changed (claimed, say); found it gone already. */
 export type GiveUp = 'deleted' | 'changed' | 'gone';
@@ -77,5 +80,33 @@ export async function takeSeat(io: SeatIo, maxBoxes: number): Promise<number | u
       return io.take(await io.liveHeld());
     }
     await io.sleep(150 * 2 ** attempt);
+  }
+}
+
+export interface WarmPodIo {
+  /** Deletes the pod (grace 0) if it still has that uid and version. */
+  delete(name: string, uid: string, resourceVersion: string): Promise<'deleted' | 'gone' | 'changed'>;
+  /** The pod as the API server has it now; undefined when there is none of that name. */
+  read(name: string): Promise<k8s.V1Pod | undefined>;
+}
+
+/**
+ * Gives up an unclaimed warm pod: deleted, guarded by its version, so a concurrent claim wins. A
+ * starting pod's version changes with each kubelet status update, faster than a loaded replica's
+ * watch shows them (the CI's 12th box of 12 refused while a starting warm pod held the last
+ * seat): on a conflict the pod is read again and deleted at the version read, as long as it is
+ * still an unclaimed warm pod of the pool (a claim removes its warm label).
+ */
+export async function giveUpWarm(io: WarmPodIo, pod: k8s.V1Pod, poolName: string): Promise<GiveUp> {
+  const name = pod.metadata!.name!;
+  const uid = pod.metadata!.uid!;
+  let version = pod.metadata!.resourceVersion!;
+  for (let read = 0; ; read++) {
+    const outcome = await io.delete(name, uid, version);
+    if (outcome !== 'changed' || read >= GIVE_UP_READS) return outcome;
+    const fresh = await io.read(name);
+    if (!fresh || fresh.metadata?.uid !== uid) return 'gone';
+    if (fresh.metadata?.labels?.[LABELS.warm] !== poolName || fresh.metadata?.deletionTimestamp) return 'changed';
+    version = fresh.metadata!.resourceVersion!;
   }
 }
