@@ -11,6 +11,12 @@
 import type * as k8s from '@kubernetes/client-node';
 import { ANNOTATIONS, LABELS, MANAGED_BY, SECRET_COMPONENTS, seatName } from './labels.js';
 
+/**
+ * A warm seat is made right before its pod (operator/warm-pool.ts), whose create ends within one
+ * API call's timeout: a warm seat older than this whose pod does not exist will not get one.
+ */
+export const WARM_SEAT_START_MS = 60_000;
+
 /** A seat Secret's owner: the box's record. blockOwnerDeletion false: deleting the record is never held up by it. */
 export function recordOwner(record: { name: string; uid: string }): k8s.V1OwnerReference {
   return { apiVersion: 'v1', kind: 'Secret', name: record.name, uid: record.uid, blockOwnerDeletion: false };

@@ -1,11 +1,11 @@
 import type * as k8s from '@kubernetes/client-node';
 import { BridgeError } from '../../common/errors.js';
-import { LABELS, SECRET_COMPONENTS, seatName } from '../../common/labels.js';
+import { ANNOTATIONS, LABELS, SECRET_COMPONENTS, seatName } from '../../common/labels.js';
 import { BoxSeats } from './box-seats.js';
 import type { KubeCall } from './instrument.js';
 
 /** Secrets by name, as the API server keeps them: creates collide on names, deletes check preconditions. */
-function secrets(initial: k8s.V1Secret[]) {
+function secrets(initial: k8s.V1Secret[], pods: string[] = []) {
   const byName = new Map(initial.map((s) => [s.metadata!.name!, s]));
   const deletes: string[] = [];
   let version = 100;
@@ -27,6 +27,10 @@ function secrets(initial: k8s.V1Secret[]) {
       deletes.push(name);
       byName.delete(name);
       return s;
+    },
+    readNamespacedPod: async ({ name }: { name: string }) => {
+      if (!pods.includes(name)) throw new BridgeError('not_found', `${name} not found`);
+      return { metadata: { name } };
     },
   } as unknown as k8s.CoreV1Api;
   const call: KubeCall = (_what, fn) => fn();
@@ -63,5 +67,29 @@ describe('BoxSeats.take: a seat whose box is gone', () => {
     const warm = secrets([warmSeat(0)]);
     expect(await warm.seats.take('p', 1, new Set(), me)).toBeUndefined();
     expect(warm.deletes).toEqual([]);
+  });
+});
+
+describe('BoxSeats.take: a warm seat whose pod is gone', () => {
+  const minutesAgo = (m: number) => new Date(Date.now() - m * 60_000);
+  const seatOfPod = (n: number, pod: string, created: Date): k8s.V1Secret => {
+    const s = warmSeat(n);
+    return { metadata: { ...s.metadata, creationTimestamp: created, annotations: { [ANNOTATIONS.warmPod]: pod } } };
+  };
+
+  test('a claimed box deleted a moment ago: its pod gone, its warm seat is freed and taken, not left to the reaper', async () => {
+    const { seats, byName, deletes } = secrets([seatOfPod(0, 'box-warm-gone', minutesAgo(5))]);
+    expect(await seats.take('p', 1, new Set(), me)).toBe(0);
+    expect(deletes).toEqual([seatName(0)]);
+    expect(byName.get(seatName(0))!.metadata!.ownerReferences![0]!.uid).toBe('rec-new');
+  });
+
+  test('its pod still there, or the seat young enough for its pod to be on its way: never taken', async () => {
+    const alive = secrets([seatOfPod(0, 'box-warm-here', minutesAgo(5))], ['box-warm-here']);
+    expect(await alive.seats.take('p', 1, new Set(), me)).toBeUndefined();
+    expect(alive.deletes).toEqual([]);
+    const young = secrets([seatOfPod(0, 'box-warm-starting', minutesAgo(0.1))]);
+    expect(await young.seats.take('p', 1, new Set(), me)).toBeUndefined();
+    expect(young.deletes).toEqual([]);
   });
 });

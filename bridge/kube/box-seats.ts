@@ -9,8 +9,8 @@
 // hold seats of their own, made by the operator (common/seats.ts): a claim keeps the pod's seat.
 import * as k8s from '@kubernetes/client-node';
 import { BridgeError } from '../../common/errors.js';
-import { LABELS, MANAGED_BY, SECRET_COMPONENTS, seatName, seatNumberOf } from '../../common/labels.js';
-import { adoptionPatch, isWarmSeatOf, ownedBy, recordOwner } from '../../common/seats.js';
+import { ANNOTATIONS, LABELS, MANAGED_BY, SECRET_COMPONENTS, seatName, seatNumberOf } from '../../common/labels.js';
+import { WARM_SEAT_START_MS, adoptionPatch, isWarmSeatOf, ownedBy, recordOwner } from '../../common/seats.js';
 import type { KubeCall } from './instrument.js';
 
 /** Seats tried before a create is refused: each lost race costs one API call. */
@@ -86,12 +86,13 @@ export class BoxSeats {
   /**
    * Deletes seat n when it is a record's seat whose record is gone (a deleted box's, garbage
    * collection not done yet): guarded by its uid and version, so a seat taken again meanwhile is
-   * never touched. A warm seat is never reclaimed here: its pod may be on its way (the
-   * operator's reaper judges those). True when the seat is free now.
+   * never touched. A warm seat only when its pod is gone for good (reclaimWarmOrphan). True when
+   * the seat is free now.
    */
   private async reclaimOrphan(n: number): Promise<boolean> {
     const seat = await this.readSeat(n);
     if (!seat) return true;
+    if (seat.metadata?.labels?.[LABELS.component] === SECRET_COMPONENTS.credential) return this.reclaimWarmOrphan(seat);
     const owner = seat.metadata?.ownerReferences?.[0];
     if (seat.metadata?.labels?.[LABELS.component] !== SECRET_COMPONENTS.seat || owner?.kind !== 'Secret' || !owner.uid) return false;
     try {
@@ -104,6 +105,39 @@ export class BoxSeats {
       await this.call('free orphaned box seat', () =>
         this.core.deleteNamespacedSecret({
           name: seatName(n),
+          namespace: this.namespace,
+          body: { preconditions: { uid: seat.metadata!.uid!, resourceVersion: seat.metadata!.resourceVersion! } },
+        }),
+      );
+      return true;
+    } catch (err) {
+      if (err instanceof BridgeError && err.type === 'not_found') return true;
+      if (err instanceof BridgeError && err.type === 'conflict') return false;
+      throw err;
+    }
+  }
+
+  /**
+   * A warm seat whose pod is gone (a claimed box deleted a moment ago, its pod removed): the
+   * reaper frees it once its watch shows the pod gone, seconds later on a loaded cluster, while a
+   * create finding the pool full would answer 429. Freed here when the pod it names does not exist
+   * (read now) and the seat is older than a warm start can take (common/seats.ts), guarded by its
+   * uid and version (an adoption meanwhile makes the delete fail).
+   */
+  private async reclaimWarmOrphan(seat: k8s.V1Secret): Promise<boolean> {
+    const podName = seat.metadata?.annotations?.[ANNOTATIONS.warmPod];
+    const created = Date.parse(String(seat.metadata?.creationTimestamp ?? ''));
+    if (!podName || !Number.isFinite(created) || Date.now() - created < WARM_SEAT_START_MS) return false;
+    try {
+      await this.call('read warm pod', () => this.core.readNamespacedPod({ name: podName, namespace: this.namespace }));
+      return false; // its pod holds it
+    } catch (err) {
+      if (!(err instanceof BridgeError && err.type === 'not_found')) throw err;
+    }
+    try {
+      await this.call('free orphaned warm seat', () =>
+        this.core.deleteNamespacedSecret({
+          name: seat.metadata!.name!,
           namespace: this.namespace,
           body: { preconditions: { uid: seat.metadata!.uid!, resourceVersion: seat.metadata!.resourceVersion! } },
         }),
