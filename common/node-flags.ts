@@ -17,7 +17,7 @@
 // 2026-11-27 (bench/results/exec-profile.md, "The flag decision"): bridge CPU per exec on the
 // exec load 2.08 -> 1.23 ms and 1.64 -> 1.17 ms in two runs (-41%, -29%; -38% in an earlier
 // one); RSS at rest with 10,000 boxes 161 -> 195 MiB (208 in an earlier run); peak under
-// bench:memory 411-415 -> 450-458 MiB. So the chart's bridge memory limit is 640Mi (it was
+// bench:memory 411-415 -> 450-462 MiB. So the chart's bridge memory limit is 640Mi (it was
 // 512Mi). --max-semi-space-size=2 costs the same memory for no less CPU.
 export type Program = 'bridge' | 'operator';
 
