@@ -110,6 +110,8 @@ describe('takeSeat', () => {
     const { io, sleeps } = pool(2, { apiSeats, cachePods: [warm('box-a', 0)], giveUp: () => 'deleted' });
     expect(await takeSeat(io, 2)).toBeUndefined();
     expect(sleeps).toHaveLength(SEAT_RETRIES);
+    // ~5 s in all, at most 1 s apart: time for the operator to free a seat it shrank away under load.
+    expect(sleeps).toEqual([150, 300, 600, 1000, 1000, 1000, 1000]);
   });
 });
 

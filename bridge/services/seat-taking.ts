@@ -9,8 +9,14 @@ import type * as k8s from '@kubernetes/client-node';
 import { LABELS } from '../../common/labels.js';
 import { seatOf } from '../../common/seats.js';
 
-/** Seat takes retried while a seat or two are coming free, or a spare changed under us (150 ms doubling: ~2.3 s). */
-export const SEAT_RETRIES = 4;
+/**
+ * Seat takes retried while a seat or two are coming free, or a spare changed under us (150 ms
+ * doubling, at most 1 s apart: ~5 s). The operator frees a seat it shrank away within a pass or
+ * two; on a loaded cluster that took longer than the ~2.3 s of 4 retries (the CI's 12th box of 12
+ * answered 429 with the seat freed a moment later).
+ */
+export const SEAT_RETRIES = 7;
+const SEAT_RETRY_MAX_MS = 1000;
 /** Unclaimed warm pods given up per round. */
 const SPARES_PER_ROUND = 3;
 /** Fresh reads of a warm pod being given up whose version keeps changing (a starting pod's status). */
@@ -79,7 +85,7 @@ export async function takeSeat(io: SeatIo, maxBoxes: number): Promise<number | u
       // (a box deleted a moment ago: its seat goes with its record, its pod still in the cache).
       return io.take(await io.liveHeld());
     }
-    await io.sleep(150 * 2 ** attempt);
+    await io.sleep(Math.min(150 * 2 ** attempt, SEAT_RETRY_MAX_MS));
   }
 }
 
