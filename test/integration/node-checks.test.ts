@@ -128,11 +128,12 @@ describe('a node whose kubelet sets no podPidsLimit', () => {
         spec: { unschedulable: true, taints: [{ key: 'sandbox-bridge.io/test-node', value: shard, effect: 'NoSchedule' }, { key: 'sandbox-bridge.io/test-node', value: shard, effect: 'NoExecute' }] },
       },
     });
-    const created = await core.readNode({ name: nodeName });
-    await core.replaceNodeStatus({
-      name: nodeName,
-      body: { ...created, status: { ...created.status, addresses: [{ type: 'InternalIP', address }], daemonEndpoints: { kubeletEndpoint: { Port: port } } } },
-    });
+    // A merge patch, not a read-modify-write: the node controller may write the new Node's status
+    // in between (the CI once got 409 Conflict here).
+    await core.patchNodeStatus(
+      { name: nodeName, body: { status: { addresses: [{ type: 'InternalIP', address }], daemonEndpoints: { kubeletEndpoint: { Port: port } } } } },
+      k8s.setHeaderOptions('Content-Type', k8s.PatchStrategy.MergePatch),
+    );
   }, 60_000);
 
   afterAll(async () => {

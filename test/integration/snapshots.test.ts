@@ -270,8 +270,10 @@ suite('snapshots of real boxes in the real object store', () => {
       );
       // Held whole, 200 MiB would grow the peak by more than 200 MiB; streamed, what remains is
       // the upload's parts, the compressor's worker thread (its isolate alone ~18 MiB), zlib and
-      // the heap's slack under load (measured +69 to +89 before the worker, +115 and +120 with it).
-      expect(peak - baseline).toBeLessThan(150);
+      // the heap's slack under load (measured +69 to +89 before the worker, +115 and +120 with it,
+      // +158 in the CI with the bridge's V8 flags of adcc83e: an 8 MiB young generation and old
+      // space growing by 1.5x leave more slack than --optimize-for-size did).
+      expect(peak - baseline).toBeLessThan(190);
     } finally {
       await bridge.stop();
       // Only the pool: the namespace is this suite's, and its box is used by the tests after this.
