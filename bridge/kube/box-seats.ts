@@ -101,20 +101,7 @@ export class BoxSeats {
     } catch (err) {
       if (!(err instanceof BridgeError && err.type === 'not_found')) throw err;
     }
-    try {
-      await this.call('free orphaned box seat', () =>
-        this.core.deleteNamespacedSecret({
-          name: seatName(n),
-          namespace: this.namespace,
-          body: { preconditions: { uid: seat.metadata!.uid!, resourceVersion: seat.metadata!.resourceVersion! } },
-        }),
-      );
-      return true;
-    } catch (err) {
-      if (err instanceof BridgeError && err.type === 'not_found') return true;
-      if (err instanceof BridgeError && err.type === 'conflict') return false;
-      throw err;
-    }
+    return this.deleteAsRead(seat, 'free orphaned box seat');
   }
 
   /**
@@ -134,8 +121,16 @@ export class BoxSeats {
     } catch (err) {
       if (!(err instanceof BridgeError && err.type === 'not_found')) throw err;
     }
+    return this.deleteAsRead(seat, 'free orphaned warm seat');
+  }
+
+  /**
+   * Deletes a seat as it was read, guarded by its uid and version: one taken or adopted meanwhile
+   * is never touched. True when it is gone now; false when it changed.
+   */
+  private async deleteAsRead(seat: k8s.V1Secret, operation: string): Promise<boolean> {
     try {
-      await this.call('free orphaned warm seat', () =>
+      await this.call(operation, () =>
         this.core.deleteNamespacedSecret({
           name: seat.metadata!.name!,
           namespace: this.namespace,
@@ -166,18 +161,7 @@ export class BoxSeats {
    */
   async freeWarm(n: number, podName: string): Promise<void> {
     const seat = await this.readSeat(n);
-    if (!seat || !isWarmSeatOf(seat, podName)) return;
-    try {
-      await this.call('free box seat', () =>
-        this.core.deleteNamespacedSecret({
-          name: seatName(n),
-          namespace: this.namespace,
-          body: { preconditions: { uid: seat.metadata!.uid!, resourceVersion: seat.metadata!.resourceVersion! } },
-        }),
-      );
-    } catch (err) {
-      if (!(err instanceof BridgeError && (err.type === 'not_found' || err.type === 'conflict'))) throw err;
-    }
+    if (seat && isWarmSeatOf(seat, podName)) await this.deleteAsRead(seat, 'free box seat');
   }
 
   /**
